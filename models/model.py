@@ -1,0 +1,163 @@
+"""Pure functional Qwen2 forward over a plain parameter dict.
+
+Parameters are `{"embedder": {...}, "layers": {... stacked on a leading layer axis}}`;
+layers run under `jax.lax.scan`, so compile time does not grow with depth. Each module
+is rebuilt from its dict with `nnx.merge` inside the traced function (no closures over
+state, nothing mutable crosses a jit boundary).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tidejax.models.config import ModelConfig
+from tidejax.models.layers import AttendFn, DecoderLayer, Embedder
+
+Params = dict[str, Any]
+
+_NEG_INF = -1e30  # finite, so fully masked rows never produce NaN
+
+
+@functools.lru_cache(maxsize=64)
+def _graphdefs(config: ModelConfig):
+    layer = nnx.eval_shape(lambda: DecoderLayer(config, nnx.Rngs(0)))
+    embedder = nnx.eval_shape(lambda: Embedder(config, nnx.Rngs(0)))
+    return nnx.split(embedder), nnx.split(layer)
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+    """Random parameters (normal(0.02) kernels, zero biases, unit norms)."""
+    embed_key, layers_key = jax.random.split(key)
+
+    def one_layer(k):
+        return nnx.split(DecoderLayer(config, nnx.Rngs(params=k)))[1].to_pure_dict()
+
+    layers = jax.vmap(one_layer)(jax.random.split(layers_key, config.num_layers))
+    embedder = nnx.split(Embedder(config, nnx.Rngs(params=embed_key)))[1].to_pure_dict()
+    return {"embedder": embedder, "layers": layers}
+
+
+def abstract_params(config: ModelConfig) -> Params:
+    """Shapes and dtypes of `init_params` without allocating anything."""
+    return jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+
+
+def logical_axes(config: ModelConfig) -> Params:
+    """Logical axis names for every parameter, same tree as `init_params`."""
+    (_, embed_state), (_, layer_state) = _graphdefs(config)
+
+    def names(state, prefix=()):
+        return jax.tree.map(lambda v: prefix + tuple(v.get_metadata()["logical_axes"]),
+                            state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+    embed_axes = names(embed_state).to_pure_dict()
+    layer_axes = names(layer_state, ("layers",)).to_pure_dict()
+    return {"embedder": embed_axes, "layers": layer_axes}
+
+
+def param_count(params: Params) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def default_positions(tokens_BT: jax.Array, segment_ids_BT: jax.Array | None) -> jax.Array:
+    """Index of each token inside its own segment (0.. for each packed sequence)."""
+    batch, length = tokens_BT.shape
+    t = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    if segment_ids_BT is None:
+        return t
+    starts = jnp.concatenate(
+        [jnp.ones((batch, 1), bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+    segment_start = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
+    return t - segment_start
+
+
+def gqa_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> jax.Array:
+    """Softmax attention with grouped KV heads; scores in float32."""
+    b, t, n, h = q_BTNH.shape
+    kv = k_BSKH.shape[2]
+    q = q_BTNH.reshape(b, t, kv, n // kv, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BSKH, preferred_element_type=jnp.float32)
+    scores = scores * (h ** -0.5)
+    scores = jnp.where(mask_BTS[:, None, None], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
+    return out.reshape(b, t, n, h)
+
+
+def packed_attend(q, k, v, layer_cache, mask_BTS):
+    """Training attention: causal within each packed segment, no cache."""
+    return gqa_attention(q, k, v, mask_BTS), layer_cache
+
+
+def packed_mask(segment_ids_BT: jax.Array) -> jax.Array:
+    length = segment_ids_BT.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    same = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return same & causal[None]
+
+
+def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
+               attend: AttendFn, cache: Any, aux: Any, remat: bool = False):
+    """Embed, run the decoder stack under scan, final norm. Returns (hidden_BTD, cache)."""
+    (embed_def, _), (layer_def, _) = _graphdefs(config)
+    embedder = nnx.merge(embed_def, params["embedder"])
+    x = embedder.embed(tokens_BT)
+
+    def body(x_BTD, layer_inputs):
+        layer_params, layer_cache = layer_inputs
+        layer = nnx.merge(layer_def, layer_params)
+        x_BTD, layer_cache = layer(x_BTD, positions_BT, attend, layer_cache, aux)
+        return x_BTD, layer_cache
+
+    if remat:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    x, cache = jax.lax.scan(body, x, (params["layers"], cache))
+    return embedder.final_norm(x), cache
+
+
+def output_kernel(config: ModelConfig, params: Params) -> jax.Array:
+    (embed_def, _), _ = _graphdefs(config)
+    return nnx.merge(embed_def, params["embedder"]).output_kernel_DV()
+
+
+def hidden_states(config: ModelConfig, params: Params, tokens_BT, positions_BT=None,
+                  segment_ids_BT=None, remat: bool = False) -> jax.Array:
+    """Final-norm hidden states `[B, T, D]` over packed sequences."""
+    tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
+    if segment_ids_BT is None:
+        segment_ids_BT = jnp.ones_like(tokens_BT)
+    if positions_BT is None:
+        positions_BT = default_positions(tokens_BT, segment_ids_BT)
+    hidden, _ = run_layers(config, params, tokens_BT, positions_BT, packed_attend, None,
+                           packed_mask(segment_ids_BT), remat=remat)
+    return hidden
+
+
+def forward(config: ModelConfig, params: Params, tokens, positions=None, segment_ids=None):
+    """Logits `[B, T, V]` (float32) for packed sequences.
+
+    `segment_ids` lets several sequences share a row: a token attends only to earlier
+    tokens of its own segment. `positions` default to the index inside each segment.
+    """
+    hidden = hidden_states(config, params, tokens, positions, segment_ids)
+    return jnp.einsum("btd,dv->btv", hidden, output_kernel(config, params),
+                      preferred_element_type=jnp.float32)
+
+
+def forward_with_cache(config: ModelConfig, params: Params, tokens_BT, positions_BT,
+                       attend: AttendFn, cache: Any, aux: Any):
+    """Serving entry point: logits for `tokens_BT` given a layer-stacked KV `cache`.
+
+    `attend` writes this step's K/V into its layer's slice of `cache` and attends over
+    what is cached; `aux` (page tables, lengths, ...) reaches every layer unchanged.
+    """
+    hidden, cache = run_layers(config, params, jnp.asarray(tokens_BT, jnp.int32),
+                               positions_BT, attend, cache, aux)
+    logits = jnp.einsum("btd,dv->btv", hidden, output_kernel(config, params),
+                        preferred_element_type=jnp.float32)
+    return logits, cache

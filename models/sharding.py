@@ -1,0 +1,109 @@
+"""Logical axis names → mesh axes: one rules object for training, one for rollout.
+
+Parameters and activations carry logical names (`embed`, `heads`, `mlp`, ...). A rules
+object maps each name to mesh axes; a name whose dimension does not divide evenly over
+its mesh axes stays replicated, so the same rules work on any submesh size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tidejax.models.config import ModelConfig
+from tidejax.models.model import Params, init_params, logical_axes
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogicalRules:
+    """Ordered (logical name, mesh axes) pairs; names not listed are replicated."""
+
+    rules: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def mesh_axes(self, name: str | None) -> tuple[str, ...]:
+        for logical, axes in self.rules:
+            if logical == name:
+                return axes
+        return ()
+
+
+# FSDP over (data, fsdp) for the model dim, tensor parallel over heads / ffn / vocab.
+TRAIN_RULES = LogicalRules((
+    ("batch", ("data", "fsdp")),
+    ("embed", ("fsdp",)),
+    ("vocab", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+))
+
+# Rollout ranks hold full weights per tensor-parallel group; KV pages shard on kv heads.
+ROLLOUT_RULES = LogicalRules((
+    ("batch", ("data",)),
+    ("vocab", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+))
+
+
+def make_mesh(devices: Sequence[jax.Device], data: int = 1, fsdp: int = -1,
+              tensor: int = 1) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices`; one size may be -1 (takes the rest)."""
+    sizes = [data, fsdp, tensor]
+    known = math.prod(s for s in sizes if s != -1)
+    if sizes.count(-1) > 1 or known <= 0 or len(devices) % known:
+        raise ValueError(f"mesh sizes data={data} fsdp={fsdp} tensor={tensor} do not fit "
+                         f"{len(devices)} devices")
+    sizes = [len(devices) // known if s == -1 else s for s in sizes]
+    if math.prod(sizes) != len(devices):
+        raise ValueError(f"mesh sizes {sizes} need {math.prod(sizes)} devices, "
+                         f"got {len(devices)}")
+    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def spec_for(names: Sequence[str | None], shape: Sequence[int], rules: LogicalRules,
+             mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec for one array; skips mesh axes that are absent, used or don't divide."""
+    used: set[str] = set()
+    parts = []
+    for name, dim in zip(names, shape):
+        axes = tuple(a for a in rules.mesh_axes(name)
+                     if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if not axes or dim % size:
+            parts.append(None)
+            continue
+        used.update(axes)
+        parts.append(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*parts)
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules,
+                    abstract: Params | None = None) -> Params:
+    """A NamedSharding per parameter, from the model's logical axis names."""
+    if abstract is None:
+        abstract = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+    return jax.tree.map(
+        lambda names, leaf: NamedSharding(mesh, spec_for(names, leaf.shape, rules, mesh)),
+        logical_axes(config), abstract, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def init_sharded_params(config: ModelConfig, key: jax.Array, mesh: Mesh,
+                        rules: LogicalRules) -> Params:
+    """Parameters born sharded: the init is jitted with the target out_shardings."""
+    shardings = param_shardings(config, mesh, rules)
+    return jax.jit(functools.partial(init_params, config), out_shardings=shardings)(key)
+
+
+def reshard(tree, shardings):
+    """Move a pytree onto new shardings (another submesh or layout)."""
+    return jax.device_put(tree, shardings)
