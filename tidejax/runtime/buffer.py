@@ -1,0 +1,146 @@
+"""The global buffer between rollout (producer) and trainer (consumer).
+
+Rollout puts whole GRPO groups (advantages already computed); the trainer takes groups
+for a step. The buffer measures the readiness signals ERS and RA2P decide on:
+RAS (ready work when a step starts), TPRM (mean interval between ready micro-batches
+during the step) and head-of-line latency (age of the oldest ready group). It enforces
+the staleness bound: a group whose oldest token is more than `staleness_bound` versions
+behind the trainer is dropped, counted and never trained on.
+
+Threads: rollout workers call `put` from the asyncio loop's thread; the trainer thread
+calls `take`/`wait_for`; one Condition guards everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from typing import Any
+
+
+@dataclasses.dataclass
+class ReadyGroup:
+    """One finished GRPO group waiting for the trainer."""
+
+    group_id: str
+    payload: Any  # the trajectories (tidejax.rl types); opaque to the buffer
+    generated_tokens: int  # model-generated tokens: what goodput counts
+    total_tokens: int  # prompt + observations + generated: what training compute costs
+    min_version: int  # oldest policy version that produced any of its tokens
+    ready_time: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadinessSignals:
+    """What the buffer tells the scheduler at a post-update boundary (times in seconds)."""
+
+    ras_micro_batches: float  # ready work at the start of the last step, in micro-batches
+    tprm_s: float  # mean seconds per newly ready micro-batch during the last step
+    hol_latency_s: float  # age of the oldest ready group now
+    ready_groups: int
+    ready_tokens: int
+
+
+@dataclasses.dataclass
+class DropRecord:
+    group_id: str
+    reason: str
+    generated_tokens: int
+
+
+class GlobalBuffer:
+    def __init__(self, staleness_bound: int, micro_batch_tokens: int, clock=time.monotonic):
+        if staleness_bound < 0:
+            raise ValueError(f"staleness_bound must be >= 0, got {staleness_bound}")
+        if micro_batch_tokens <= 0:
+            raise ValueError(f"micro_batch_tokens must be > 0, got {micro_batch_tokens}")
+        self.staleness_bound = staleness_bound
+        self.micro_batch_tokens = micro_batch_tokens
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._ready: deque[ReadyGroup] = deque()
+        self.dropped: list[DropRecord] = []
+        self._step_start = clock()
+        self._ras = 0.0
+        self._arrived_tokens_in_step = 0
+        self._last_tprm = 0.0
+        self.closed = False
+
+    # producer side -------------------------------------------------------------
+    def put(self, group: ReadyGroup) -> None:
+        with self._cond:
+            group.ready_time = self._clock()
+            self._ready.append(group)
+            self._arrived_tokens_in_step += group.total_tokens
+            self._cond.notify_all()
+
+    def drop(self, group_id: str, reason: str, generated_tokens: int = 0) -> None:
+        """Record a group that will never reach the trainer (failed env, stale, ...)."""
+        with self._cond:
+            self.dropped.append(DropRecord(group_id, reason, generated_tokens))
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    # consumer side -------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Mark a trainer step start: record RAS, reset the TPRM window."""
+        with self._cond:
+            now = self._clock()
+            elapsed = now - self._step_start
+            arrived_mb = self._arrived_tokens_in_step / self.micro_batch_tokens
+            self._last_tprm = elapsed / arrived_mb if arrived_mb > 0 else float("inf")
+            self._ras = sum(g.total_tokens for g in self._ready) / self.micro_batch_tokens
+            self._step_start = now
+            self._arrived_tokens_in_step = 0
+
+    def _drop_stale(self, trainer_version: int) -> None:
+        kept = deque()
+        for group in self._ready:
+            if trainer_version - group.min_version > self.staleness_bound:
+                self.dropped.append(DropRecord(group.group_id, "stale", group.generated_tokens))
+            else:
+                kept.append(group)
+        self._ready = kept
+
+    def wait_for(self, n_groups: int, trainer_version: int, timeout: float | None = None) -> int:
+        """Block until `n_groups` fresh groups are ready (or closed / timed out)."""
+        deadline = None if timeout is None else self._clock() + timeout
+        with self._cond:
+            while True:
+                self._drop_stale(trainer_version)
+                if len(self._ready) >= n_groups or self.closed:
+                    return len(self._ready)
+                remaining = None if deadline is None else deadline - self._clock()
+                if remaining is not None and remaining <= 0:
+                    return len(self._ready)
+                self._cond.wait(timeout=remaining if remaining is not None else 0.5)
+
+    def take(self, max_groups: int, trainer_version: int) -> list[ReadyGroup]:
+        """Oldest-first up to `max_groups` groups within the staleness bound."""
+        with self._cond:
+            self._drop_stale(trainer_version)
+            taken = [self._ready.popleft() for _ in range(min(max_groups, len(self._ready)))]
+            return taken
+
+    def signals(self) -> ReadinessSignals:
+        with self._cond:
+            now = self._clock()
+            hol = now - self._ready[0].ready_time if self._ready else 0.0
+            return ReadinessSignals(
+                ras_micro_batches=self._ras, tprm_s=self._last_tprm, hol_latency_s=hol,
+                ready_groups=len(self._ready),
+                ready_tokens=sum(g.total_tokens for g in self._ready))
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
+    def snapshot(self) -> list[ReadyGroup]:
+        """Ready groups, for checkpointing the buffer contents."""
+        with self._cond:
+            return list(self._ready)
