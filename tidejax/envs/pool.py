@@ -1,0 +1,527 @@
+"""EnvPool: env resets and steps off the decode path, behind an asyncio API.
+
+    pool = EnvPool(PoolConfig(capacity=64), latency=LatencyModel.default())
+    first = await pool.reset(task)               # StepResult with the first observation
+    result = await pool.step(task.task_id, act)  # StepResult; result.error None or a reason
+
+Concurrency
+-----------
+Three parties meet here.
+
+1. The caller's event loop (the rollout runtime). Many coroutines, one per live task,
+   await `reset` / `step` at once. All pool bookkeeping (task records, counters) runs
+   on this loop, so it needs no locks; a per-task asyncio.Lock keeps each task's calls
+   in order. Use the pool from one loop; other threads reach it with
+   `asyncio.run_coroutine_threadsafe`.
+2. An asyncio.Semaphore of `capacity` slots stands for the external env cluster's
+   capacity. A call holds a slot while its simulated latency elapses (an asyncio
+   sleep, which holds no thread) and while the env computes; calls past capacity queue.
+3. A few daemon worker threads (`_Workers`) run env code: a local env's Python, or the
+   blocking HTTP request of a remote one. So env compute never blocks the loop, and a
+   hung env only holds a thread. The loop waits on each call with a deadline; past it
+   the call is abandoned: a replacement thread starts so capacity does not leak, the
+   env instance is never used again, and the stuck thread closes it and exits when (if)
+   its call returns.
+
+Faults
+------
+An exception, a timeout or a malformed observation is counted in `pool.stats` and
+isolated to its task. The task's env is dropped; with `max_retries` > 0 the pool builds
+a fresh env (possibly on another server) and replays the task's reset and accepted
+actions, which reproduces its state because envs are deterministic given the task,
+then retries the step (`max_retries`, default 1, bounds the rebuilds per call). When
+retries run out the caller gets a final StepResult with `error` set and `truncated`
+True. Nothing an env does raises out of the pool.
+
+Latency is simulated here, in the pool, for local and remote envs alike; pass
+`latency=None` when a remote cluster's real latency is the one wanted.
+
+A caller may cancel a pending `step` (asyncio cancellation): the env is dropped, since
+the action may or may not have landed, and the task's next step rebuilds it from the
+actions that did return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self
+
+from tidejax.envs.client import RemoteEnvFactory
+from tidejax.envs.latency import LatencyModel
+from tidejax.envs.protocol import (
+    MalformedObservation,
+    StepResult,
+    Task,
+    TextEnv,
+    validate_reset,
+    validate_step,
+)
+from tidejax.envs.registry import make_env
+
+EnvFactory = Callable[[Task], TextEnv]
+FAULTS = ("exception", "timeout", "malformed_observation")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    capacity: int = 64  # env calls in flight at once (the env cluster's slots)
+    step_timeout_s: float = 30.0
+    reset_timeout_s: float = 60.0
+    max_retries: int = 1  # fresh-env replays per failed call; 0 fails the task at once
+    workers: int = 8  # threads running env code (more start when calls hang)
+    max_obs_chars: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if not self.step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if not self.reset_timeout_s > 0:
+            raise ValueError(f"reset_timeout_s must be > 0, got {self.reset_timeout_s}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.max_obs_chars < 1:
+            raise ValueError(f"max_obs_chars must be >= 1, got {self.max_obs_chars}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStats:
+    resets: int = 0  # reset() calls
+    steps: int = 0  # step() calls
+    env_calls: int = 0  # calls sent to envs, replays included
+    ok_calls: int = 0
+    exception: int = 0
+    timeout: int = 0
+    malformed_observation: int = 0
+    retries: int = 0  # fresh-env replays started
+    recovered: int = 0  # reset/step calls that succeeded after a fault
+    failed_tasks: int = 0  # tasks ended by a fault
+    unknown_task: int = 0
+    finished_tasks: int = 0  # tasks whose episode ended normally
+    latency_s: float = 0.0  # simulated latency waited, summed over calls
+    peak_in_flight: int = 0
+
+    @property
+    def faults(self) -> int:
+        return self.exception + self.timeout + self.malformed_observation
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {**dataclasses.asdict(self), "faults": self.faults}
+
+
+class _Job:
+    __slots__ = ("abandoned", "finished", "fn", "future", "lock", "on_abandoned")
+
+    def __init__(self, fn: Callable[[], Any], on_abandoned: Callable[[], None] | None):
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.lock = threading.Lock()
+        self.finished = False
+        self.abandoned = False
+        self.on_abandoned = on_abandoned
+
+
+class _Workers:
+    """Daemon threads that run env calls; an abandoned (hung) call gets a replacement."""
+
+    def __init__(self, n: int):
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._live = 0
+        self._started = 0
+        for _ in range(n):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self._lock:
+            self._live += 1
+            self._started += 1
+            name = f"env-worker-{self._started}"
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+    def submit(self, fn: Callable[[], Any], on_abandoned: Callable[[], None] | None = None) -> _Job:
+        job = _Job(fn, on_abandoned)
+        self._queue.put(job)
+        return job
+
+    def abandon(self, job: _Job) -> bool:
+        """The caller stopped waiting; if a thread is stuck in the job, replace it.
+
+        Returns whether the job was left running (its on_abandoned will run later).
+        """
+        with job.lock:
+            if job.finished or job.future.cancelled():
+                return False
+            job.abandoned = True
+        self._spawn()
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                with self._lock:
+                    self._live -= 1
+                return
+            if job.future.set_running_or_notify_cancel():
+                try:
+                    job.future.set_result(job.fn())
+                except BaseException as e:  # noqa: BLE001 (envs may raise anything)
+                    job.future.set_exception(e)
+            # else: cancelled while queued, so nothing ran; it may still have been
+            # abandoned first (the cancel reaches the future a moment after the deadline).
+            with job.lock:
+                job.finished = True
+                abandoned = job.abandoned
+            if abandoned:
+                if job.on_abandoned is not None:
+                    try:
+                        job.on_abandoned()
+                    except Exception:  # noqa: BLE001, S110 (cleanup of an env already given up on)
+                        pass
+                with self._lock:
+                    self._live -= 1
+                return  # a replacement took this thread's place when the job was abandoned
+
+    def shutdown(self) -> None:
+        for _ in range(self._live):
+            self._queue.put(None)
+
+
+@dataclasses.dataclass
+class _TaskRecord:
+    task: Task
+    lock: asyncio.Lock
+    env: TextEnv | None = None
+    actions: list[str] = dataclasses.field(default_factory=list)
+    calls: int = 0  # numbers latency draws
+    abandoned: bool = False  # the last call was left to a stuck thread, which closes its env
+
+
+def local_env_factory(env_kwargs: dict[str, dict[str, Any]] | None = None) -> EnvFactory:
+    """Envs in this process, built from the registry (kwargs per env type)."""
+    kwargs = env_kwargs or {}
+    return lambda task: make_env(task.env_type, **kwargs.get(task.env_type, {}))
+
+
+class EnvPool:
+    """Runs many tasks' envs concurrently with a cap, latency, timeouts and fault isolation.
+
+    Envs come from `env_factory` (default: local envs from the registry) or, given
+    `addresses`, from env servers chosen least-loaded first. The same API serves both.
+    """
+
+    def __init__(
+        self,
+        config: PoolConfig | None = None,
+        *,
+        env_factory: EnvFactory | None = None,
+        addresses: Sequence[str] | None = None,
+        latency: LatencyModel | None = None,
+    ):
+        self.config = config or PoolConfig()
+        if env_factory is not None and addresses:
+            raise ValueError("give env_factory or addresses, not both")
+        if addresses:
+            # The pool enforces its own deadlines; the socket timeout is only a backstop.
+            backstop = max(self.config.step_timeout_s, self.config.reset_timeout_s)
+            env_factory = RemoteEnvFactory(addresses, timeout_s=backstop)
+        self.env_factory = env_factory or local_env_factory()
+        self.latency = latency
+        self._workers = _Workers(self.config.workers)
+        self._slots = asyncio.Semaphore(self.config.capacity)
+        self._tasks: dict[str, _TaskRecord] = {}
+        self._counts: dict[str, float] = dataclasses.asdict(PoolStats())
+        self._in_flight = 0
+        self._closed = False
+
+    # -- public API ---------------------------------------------------------------------
+
+    @property
+    def stats(self) -> PoolStats:
+        return PoolStats(**self._counts)  # type: ignore[arg-type]
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def active_tasks(self) -> int:
+        return len(self._tasks)
+
+    async def reset(self, task: Task) -> StepResult:
+        """Starts (or restarts) `task`; the result carries the first observation."""
+        self._count("resets")
+        if self._closed:
+            raise RuntimeError("the pool is closed")
+        if task.task_id in self._tasks:
+            await self.release(task.task_id)
+        rec = _TaskRecord(task, asyncio.Lock())
+        self._tasks[task.task_id] = rec
+        async with rec.lock:
+            with self._forget_if_cancelled(rec):
+                return await self._reset_locked(rec)
+
+    async def _reset_locked(self, rec: _TaskRecord) -> StepResult:
+        faults: list[str] = []
+        latency = 0.0
+        detail: Any = ""
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                self._count("retries")
+            err, value, lat = await self._open(rec)
+            latency += lat
+            if err is None:
+                if faults:
+                    self._count("recovered")
+                obs, info = value
+                return StepResult(
+                    rec.task.task_id, obs, info=info, latency_s=latency,
+                    attempts=attempt + 1, faults=tuple(faults),
+                )  # fmt: skip
+            faults.append(err)
+            detail = value
+        return self._fail(rec, faults, detail, latency)
+
+    async def step(self, task_id: str, action: str) -> StepResult:
+        """Sends one action to the task's env; never raises for env faults."""
+        self._count("steps")
+        rec = self._tasks.get(task_id)
+        if rec is None:
+            self._count("unknown_task")
+            return StepResult(
+                task_id, "", truncated=True, error="unknown_task",
+                info={"detail": "task was never reset, has finished, or was released"},
+            )  # fmt: skip
+        async with rec.lock:
+            with self._drop_env_if_cancelled(rec):
+                return await self._step_locked(rec, action)
+
+    async def _step_locked(self, rec: _TaskRecord, action: str) -> StepResult:
+        faults: list[str] = []
+        latency = 0.0
+        detail: Any = ""
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                self._count("retries")
+            if rec.env is None:  # a previous attempt failed (or was cancelled): replay
+                err, detail, lat = await self._rebuild(rec)
+                latency += lat
+                if err is not None:
+                    faults.append(err)
+                    continue
+            env = rec.env
+            assert env is not None
+            err, value, lat = await self._call(
+                rec,
+                lambda env=env: validate_step(env.step(action), self.config.max_obs_chars),
+                reset=False,
+                on_abandoned=env.close,
+            )
+            latency += lat
+            if err is None:
+                if faults:
+                    self._count("recovered")
+                obs, reward, terminated, truncated, info = value
+                rec.actions.append(action)
+                if terminated or truncated:
+                    self._count("finished_tasks")
+                    self._forget(rec, close=True)
+                return StepResult(
+                    rec.task.task_id, obs, reward, terminated, truncated, info,
+                    latency_s=latency, attempts=attempt + 1, faults=tuple(faults),
+                )  # fmt: skip
+            faults.append(err)
+            detail = value
+            self._drop_env(rec)
+        return self._fail(rec, faults, detail, latency)
+
+    async def release(self, task_id: str) -> None:
+        """Forgets a task and closes its env (e.g. a task the runtime cancels)."""
+        rec = self._tasks.get(task_id)
+        if rec is not None:
+            async with rec.lock:
+                if self._tasks.get(task_id) is rec:
+                    self._forget(rec, close=True)
+
+    async def aclose(self) -> None:
+        """Releases every task and stops the worker threads."""
+        for task_id in list(self._tasks):
+            await self.release(task_id)
+        self._closed = True
+        self._workers.shutdown()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- internals ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _forget_if_cancelled(self, rec: _TaskRecord) -> Iterator[None]:
+        try:
+            yield
+        except asyncio.CancelledError:  # a reset the caller gave up on leaves no task
+            self._forget(rec, close=True)
+            raise
+
+    @contextlib.contextmanager
+    def _drop_env_if_cancelled(self, rec: _TaskRecord) -> Iterator[None]:
+        try:
+            yield
+        except asyncio.CancelledError:
+            # Whether the action was applied is unknown, so the env cannot be trusted;
+            # the next step rebuilds it from the actions that did return.
+            self._drop_env(rec)
+            raise
+
+    def _count(self, key: str, n: float = 1) -> None:
+        self._counts[key] += n
+
+    def _fail(self, rec: _TaskRecord, faults: list[str], detail: Any, latency: float) -> StepResult:
+        self._count("failed_tasks")
+        self._forget(rec, close=True)
+        return StepResult(
+            rec.task.task_id, "", truncated=True, error=faults[-1],
+            info={"detail": str(detail)[:500]}, latency_s=latency,
+            attempts=len(faults), faults=tuple(faults),
+        )  # fmt: skip
+
+    def _forget(self, rec: _TaskRecord, close: bool) -> None:
+        if self._tasks.get(rec.task.task_id) is rec:
+            del self._tasks[rec.task.task_id]
+        if close:
+            self._drop_env(rec)
+
+    def _drop_env(self, rec: _TaskRecord) -> None:
+        env, rec.env = rec.env, None
+        # An env left to a stuck thread is closed by that thread when its call returns.
+        if env is not None and not rec.abandoned:
+            # Closing may mean a request to a server: do it on a worker, don't wait.
+            self._workers.submit(_quiet(env.close))
+        rec.abandoned = False
+
+    async def _open(self, rec: _TaskRecord) -> tuple[str | None, Any, float]:
+        """Makes a fresh env for the task and resets it; sets rec.env on success."""
+        holder: list[TextEnv] = []
+        task, max_chars = rec.task, self.config.max_obs_chars
+
+        def open_env() -> tuple[str, dict[str, Any]]:
+            env = self.env_factory(task)
+            holder.append(env)
+            return validate_reset(env.reset(options={"task": task}), max_chars)
+
+        def close_late() -> None:
+            for env in holder:
+                env.close()
+
+        err, value, lat = await self._call(rec, open_env, reset=True, on_abandoned=close_late)
+        if err is None:
+            rec.env = holder[0]
+        elif holder and not rec.abandoned:
+            self._workers.submit(_quiet(holder[0].close))
+        rec.abandoned = False
+        return err, value, lat
+
+    async def _rebuild(self, rec: _TaskRecord) -> tuple[str | None, Any, float]:
+        """A fresh env brought to the task's current state by replaying its actions."""
+        err, value, latency = await self._open(rec)
+        if err is not None:
+            return err, value, latency
+        for action in rec.actions:
+            env = rec.env
+            assert env is not None
+            err, value, lat = await self._call(
+                rec,
+                lambda env=env, action=action: validate_step(
+                    env.step(action), self.config.max_obs_chars
+                ),
+                reset=False,
+                on_abandoned=env.close,
+            )
+            latency += lat
+            if err is not None:
+                self._drop_env(rec)
+                return err, value, latency
+        return None, None, latency
+
+    async def _call(
+        self,
+        rec: _TaskRecord,
+        fn: Callable[[], Any],
+        *,
+        reset: bool,
+        on_abandoned: Callable[[], None] | None,
+    ) -> tuple[str | None, Any, float]:
+        """Runs fn on a worker inside a capacity slot, after the simulated latency.
+
+        Returns (None, value, latency) or (fault reason, detail, latency).
+        """
+        task = rec.task
+        timeout = self.config.reset_timeout_s if reset else self.config.step_timeout_s
+        latency = 0.0
+        if self.latency is not None:
+            latency = self.latency.sample(task.env_type, task.kind, task.task_id, rec.calls, reset)
+        rec.calls += 1
+        rec.abandoned = False
+        async with self._slots:
+            self._in_flight += 1
+            self._counts["peak_in_flight"] = max(self._counts["peak_in_flight"], self._in_flight)
+            self._count("env_calls")
+            try:
+                if latency >= timeout:  # the simulated cluster itself is too slow
+                    await asyncio.sleep(timeout)
+                    self._count("latency_s", timeout)
+                    return self._fault("timeout", f"latency {latency:.3f}s > {timeout}s", timeout)
+                if latency > 0:
+                    await asyncio.sleep(latency)
+                self._count("latency_s", latency)
+                job = self._workers.submit(fn, on_abandoned)
+                try:
+                    value = await asyncio.wait_for(
+                        asyncio.wrap_future(job.future), timeout - latency
+                    )
+                except TimeoutError as e:  # ours (deadline) or the env's (e.g. a socket)
+                    if not job.future.done():
+                        rec.abandoned = self._workers.abandon(job)
+                    return self._fault("timeout", f"no answer within {timeout}s {e}", latency)
+                except asyncio.CancelledError:  # the caller gave up on this task
+                    if not job.future.done():
+                        rec.abandoned = self._workers.abandon(job)
+                    raise
+                except MalformedObservation as e:
+                    return self._fault("malformed_observation", str(e), latency)
+                except Exception as e:  # noqa: BLE001 (isolating env faults is the point)
+                    return self._fault("exception", f"{type(e).__name__}: {e}", latency)
+                self._count("ok_calls")
+                return None, value, latency
+            finally:
+                self._in_flight -= 1
+
+    def _fault(self, reason: str, detail: str, latency: float) -> tuple[str, str, float]:
+        self._count(reason)
+        return reason, detail, latency
+
+
+def _quiet(fn: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001, S110 (closing a discarded env is best effort)
+            pass
+
+    return run
