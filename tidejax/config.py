@@ -1,0 +1,199 @@
+"""The job's configuration: one frozen, validated dataclass composing every part.
+
+Each component keeps its own config next to its code (`ModelConfig`, `EngineConfig`,
+`RLConfig`, `RolloutConfig`, ...); `RunConfig` composes them and adds what only the job
+knows (system, steps, partition, paths). `load_run_config` reads a JSON or TOML file of
+overrides; an unknown or ill-typed field fails at start with its dotted name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+import typing
+from typing import Any
+
+from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
+from tidejax.runtime.manager import RolloutConfig
+from tidejax.serving.config import EngineConfig
+
+SYSTEMS = ("sync", "async", "stream", "tide")
+
+
+@dataclasses.dataclass(frozen=True)
+class TopologyConfig:
+    """Devices and the rollout/trainer split (ranks are single devices on CPU)."""
+
+    devices: int = 8  # devices to use (a prefix of jax.devices())
+    rollout_ranks: int = 4  # initial rollout ranks (fixed for async/stream)
+    ref_ranks: int = 0  # initial dedicated reference ranks (decoupled RA2P)
+    min_rollout: int = 1
+    min_actor: int = 1
+
+    def __post_init__(self):
+        if self.devices < 2:
+            raise ValueError(f"TopologyConfig.devices must be >= 2, got {self.devices}")
+        if not 1 <= self.rollout_ranks < self.devices:
+            raise ValueError(f"TopologyConfig.rollout_ranks must be in [1, devices), "
+                             f"got {self.rollout_ranks}")
+        if self.ref_ranks < 0 or self.rollout_ranks + self.ref_ranks >= self.devices:
+            raise ValueError(f"TopologyConfig.ref_ranks must leave >= 1 actor device, "
+                             f"got {self.ref_ranks}")
+        if self.min_rollout < 1 or self.min_actor < 1:
+            raise ValueError("TopologyConfig.min_rollout and min_actor must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SftConfig:
+    """Supervised warm start on expert demonstrations."""
+
+    episodes: int = 96
+    steps: int = 60
+    batch_sequences: int = 8
+    lr: float = 3e-3
+
+    def __post_init__(self):
+        for name in ("episodes", "steps", "batch_sequences"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SftConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"SftConfig.lr must be > 0, got {self.lr}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    system: str = "tide"
+    env_type: str = "webshop"
+    preset: str = "tiny"
+    hf_path: str | None = None
+    tokenizer_path: str | None = None
+    tokenizer_vocab: int = 512
+    seed: int = 0
+    steps: int = 12
+    group_size: int = 4
+    batch_groups: int = 4  # B_ideal, groups per update
+    min_batch_groups: int = 2  # B_min (tide's elastic batch)
+    max_turns: int = 6
+    eval_every: int = 4
+    eval_groups: int = 8
+    checkpoint_every: int = 4
+    keep_checkpoints: int = 3
+    micro_batch_tokens: int = 4096
+    row_len: int = 2048
+    env_time_scale: float = 1.0  # multiplies the env latency model (0.5: twice as fast)
+    env_servers: tuple[str, ...] = ()
+    long_tail_fraction: float = 0.25
+    topology: TopologyConfig = TopologyConfig()
+    engine: EngineConfig = EngineConfig(page_size=16, num_pages=384, max_slots=8,
+                                        max_pages_per_seq=128,
+                                        prefill_buckets=(64, 128, 256, 512))
+    rollout: RolloutConfig = RolloutConfig(max_new_tokens=24)
+    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.01), optim=OptimConfig(
+        lr=1e-3, warmup_steps=2, total_steps=1000, clip_norm=1.0))
+    sft: SftConfig = SftConfig()
+
+    def __post_init__(self):
+        if self.system not in SYSTEMS:
+            raise ValueError(f"RunConfig.system must be one of {SYSTEMS}, got {self.system!r}")
+        for name in ("steps", "group_size", "batch_groups", "min_batch_groups", "max_turns",
+                     "eval_groups", "micro_batch_tokens", "row_len", "keep_checkpoints",
+                     "tokenizer_vocab"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RunConfig.{name} must be a positive int, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(f"RunConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
+        if self.min_batch_groups > self.batch_groups:
+            raise ValueError(f"RunConfig.min_batch_groups ({self.min_batch_groups}) must be <= "
+                             f"batch_groups ({self.batch_groups})")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RunConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.env_time_scale < 0:
+            raise ValueError(f"RunConfig.env_time_scale must be >= 0, got {self.env_time_scale}")
+        if not 0 <= self.long_tail_fraction <= 1:
+            raise ValueError(f"RunConfig.long_tail_fraction must be in [0, 1], "
+                             f"got {self.long_tail_fraction}")
+        if self.row_len > self.engine.max_seq_len:
+            raise ValueError(f"RunConfig.row_len ({self.row_len}) must be <= engine.max_seq_len "
+                             f"({self.engine.max_seq_len}): a trajectory must fit one row")
+        if self.micro_batch_tokens < self.row_len:
+            raise ValueError(f"RunConfig.micro_batch_tokens ({self.micro_batch_tokens}) must be "
+                             f">= row_len ({self.row_len})")
+        if self.rollout.batch_groups != self.batch_groups:
+            object.__setattr__(self, "rollout",
+                               dataclasses.replace(self.rollout, batch_groups=self.batch_groups))
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _build(cls, data: Any, path: str):
+    """Instantiate dataclass `cls` from plain data, naming the dotted path on errors."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{path or 'config'} must be a table/object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown config field {path + '.' if path else ''}{unknown[0]}")
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        field_path = f"{path}.{key}" if path else key
+        if dataclasses.is_dataclass(hint):
+            value = _build(hint, value, field_path)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{path or 'config'}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path + ': ' if path else ''}{e}") from None
+
+
+def run_config_from_dict(data: dict, base: RunConfig | None = None) -> RunConfig:
+    """Overrides on top of `base` (default RunConfig); nested tables merge field by field."""
+    base_dict = _as_dict(base or RunConfig())
+    merged = _merge(base_dict, data, "")
+    return _build(RunConfig, merged, "")
+
+
+def _as_dict(obj) -> dict:
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = _as_dict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def _merge(base: dict, over: dict, path: str) -> dict:
+    if not isinstance(over, dict):
+        raise ValueError(f"{path or 'config'} must be a table/object")
+    out = dict(base)
+    for key, value in over.items():
+        if key not in base:
+            raise ValueError(f"unknown config field {path + '.' if path else ''}{key}")
+        if isinstance(base[key], dict) and isinstance(value, dict):
+            out[key] = _merge(base[key], value, f"{path}.{key}" if path else key)
+        else:
+            out[key] = value
+    return out
+
+
+def load_run_config(path: str, base: RunConfig | None = None) -> RunConfig:
+    """Read overrides from a `.json` or `.toml` file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        kind = "TOML" if path.endswith(".toml") else "JSON"
+        raise ValueError(f"config file {path} is not valid {kind}: {e}") from None
+    return run_config_from_dict(data, base)

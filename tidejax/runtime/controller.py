@@ -1,0 +1,393 @@
+"""The host controller: runs rollout and training as one system and reshapes it at each sync.
+
+Threads and tasks:
+- the asyncio loop (this module's `Controller.run`) hosts the controller coroutine, the
+  `RolloutManager`'s per-task coroutines and the `EnvPool`'s awaits;
+- one thread per rollout rank (`RolloutWorker`) runs its engine;
+- trainer updates run in a worker thread (`asyncio.to_thread`), so the loop keeps serving
+  env results and turn completions while the actor computes;
+- the `GlobalBuffer` joins rollout (producer) and trainer (consumer).
+
+One step of the asynchronous systems: wait for a batch in the buffer (TWT), take it, run
+the RA2P update on the trainer submesh; then, at the post-update boundary, ERS plans the
+next partition (tide only), the controller closes/opens rollout ranks (tasks of a closed
+rank are re-homed by CTB and re-prefilled with the new weights), places the actor and
+reference on their new submeshes (`jax.device_put` onto new `NamedSharding`s), pushes the
+new weights to every rollout rank (each flushes its KV: old-policy cache is invalid),
+queues evaluation tasks for the version just trained (they run during the next step and
+report against that version) and checkpoints. `sync` instead alternates phases: roll out
+exactly one batch with every device, then train on every device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from tidejax.config import RunConfig
+from tidejax.envs import make_tasks
+from tidejax.metrics import GoodputMeter, MetricsWriter, TraceRecorder
+from tidejax.models.config import ModelConfig
+from tidejax.models.tokenizer import Tokenizer
+from tidejax.rl.batch import loss_denominator
+from tidejax.rl.state import TrainState
+from tidejax.runtime.buffer import GlobalBuffer
+from tidejax.runtime.manager import GroupPayload, RolloutManager
+from tidejax.runtime.rollout import RolloutWorker
+from tidejax.runtime.trainer_runner import TrainerRunner
+from tidejax.sched import ers, ra2p
+from tidejax.serving.engine import make_engine
+
+log = logging.getLogger(__name__)
+
+
+def assign_devices(partition: ers.Partition, devices: list) -> tuple[list, list, list]:
+    """Contiguous roles: rollout first, then reference, then actor (moves touch one edge)."""
+    r, f = partition.rollout, partition.ref
+    return devices[:r], devices[r:r + f], devices[r + f:]
+
+
+@dataclasses.dataclass
+class StepRecord:
+    step: int
+    version: int
+    mode: str
+    partition: tuple[int, int, int]
+    batch_groups: int
+    consumed_tokens: int
+    train_reward: float
+    train_success: float
+    twt_s: float
+    rwt_s: float
+    step_s: float
+    goodput: float
+    kv_hit_rate: float
+    reason: str
+    loss: dict
+
+
+@dataclasses.dataclass
+class RunSummary:
+    system: str
+    steps: int
+    elapsed_s: float
+    goodput: float
+    consumed_tokens: int
+    generated_tokens: int
+    dropped_tokens: int
+    kv_hit_rate: float
+    twt_s: float
+    rwt_s: float
+    eval: dict[int, dict]
+    records: list[StepRecord]
+    counters: dict
+    dropped_groups: list
+    state: Any = None
+
+
+class Controller:
+    def __init__(self, cfg: RunConfig, model_config: ModelConfig, params, tokenizer: Tokenizer,
+                 pool, devices: list | None = None, writer: MetricsWriter | None = None,
+                 trace: TraceRecorder | None = None, checkpoint: Callable | None = None,
+                 progress: Callable[[StepRecord], None] | None = None):
+        self.cfg = cfg
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.devices = list(devices or jax.devices()[:cfg.topology.devices])
+        if len(self.devices) < cfg.topology.devices:
+            raise ValueError(f"topology.devices={cfg.topology.devices} but only "
+                             f"{len(self.devices)} devices are visible")
+        self.writer = writer
+        self.trace = trace or TraceRecorder()
+        self.checkpoint = checkpoint
+        self.progress = progress
+        self.params_host = jax.device_get(params)
+        self.system = cfg.system
+        bound = 0 if cfg.system == "sync" else cfg.rollout.staleness_bound
+        scheduler = "ctb" if cfg.system == "tide" else "request"
+        self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=scheduler,
+                                                  staleness_bound=bound)
+        self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens)
+        self.runner = TrainerRunner(model_config, cfg.rl, cfg.row_len, cfg.micro_batch_tokens,
+                                    self.params_host, self.trace)
+        self.meter = GoodputMeter()
+        self._engines: dict[int, Any] = {}
+        self.version = 0
+        self.data_cursor = 0  # training groups issued so far (resume point)
+        self.records: list[StepRecord] = []
+        self.ers_config = ers.ErsConfig(b_min=cfg.min_batch_groups, b_ideal=cfg.batch_groups,
+                                        min_rollout=cfg.topology.min_rollout,
+                                        min_actor=cfg.topology.min_actor)
+        self._step_times: list[float] = []
+        self._last_costs: ra2p.Ra2pCosts | None = None
+
+    # ------------------------------------------------------------------ topology
+    def initial_partition(self) -> ers.Partition:
+        t = self.cfg.topology
+        n = len(self.devices)
+        if self.system == "sync":
+            return ers.Partition(rollout=n, actor=n)  # phases share every device
+        if self.system == "tide":
+            return ers.initial(n, self.ers_config)  # preemptive generation at cold start
+        return ers.Partition(rollout=t.rollout_ranks, actor=n - t.rollout_ranks)
+
+    def _roles(self, partition: ers.Partition):
+        if self.system == "sync":
+            return self.devices, [], self.devices
+        return assign_devices(partition, self.devices)
+
+    def _engine(self, device):
+        if device.id not in self._engines:
+            self._engines[device.id] = make_engine(self.model_config, self.params_host, [device],
+                                                   self.cfg.engine)
+        return self._engines[device.id]
+
+    def _worker(self, device) -> RolloutWorker:
+        engine = self._engine(device)
+        engine.params = engine.load_params(self.params_host)
+        engine.flush()
+        return RolloutWorker(device.id, engine, pin_after_turn=self.system == "tide",
+                             version=self.version, trace=self.trace, track=f"cpu:{device.id}")
+
+    async def _apply_partition(self, partition: ers.Partition, manager: RolloutManager,
+                               state: TrainState | None) -> TrainState | None:
+        rollout, ref, actor = self._roles(partition)
+        want = {d.id for d in rollout}
+        for rank in [r for r in manager.workers if r not in want]:
+            manager.close_rank(rank)
+        for rank in [r for r in list(manager.workers) if r not in want]:
+            while not manager.rank_drained(rank):
+                await asyncio.sleep(0.005)
+            manager.remove_rank(rank).stop()
+        for device in rollout:
+            if device.id not in manager.workers:
+                manager.open_rank(device.id, self._worker(device))
+        if tuple(actor) != self.runner.actor_devices or tuple(ref) != self.runner.ref_devices:
+            state = await asyncio.to_thread(self.runner.place, state, actor, ref)
+        return state
+
+    async def _sync_weights(self, manager: RolloutManager, state: TrainState) -> float:
+        start = time.perf_counter()
+        self.params_host = await asyncio.to_thread(jax.device_get, state.params)
+        events = [w.update_weights(self.params_host, self.version)
+                  for w in manager.workers.values()]
+        await asyncio.to_thread(lambda: [e.wait() for e in events])
+        return time.perf_counter() - start
+
+    # ------------------------------------------------------------------ data
+    def _train_tasks(self, n_groups: int):
+        cfg = self.cfg
+        tasks = make_tasks(cfg.env_type, "train", n_groups, cfg.group_size,
+                           seed=cfg.seed * 100_003 + self.data_cursor,
+                           max_turns=cfg.max_turns, long_tail_fraction=cfg.long_tail_fraction,
+                           prefix=f"train{self.data_cursor}")
+        self.data_cursor += n_groups
+        return tasks
+
+    def _top_up(self, manager: RolloutManager) -> None:
+        """Keep enough training groups queued that rollout never runs dry for lack of work."""
+        quota = (self.rollout_config.staleness_bound + 2) * self.cfg.batch_groups
+        missing = quota - manager.pending_groups - manager.outstanding_groups
+        if missing > 0:
+            manager.add_groups(self._train_tasks(missing), self.cfg.group_size)
+
+    def _queue_eval(self, manager: RolloutManager) -> None:
+        cfg = self.cfg
+        tasks = make_tasks(cfg.env_type, "eval", cfg.eval_groups, 1, seed=cfg.seed + 7,
+                           max_turns=cfg.max_turns, prefix=f"eval_v{self.version}")
+        manager.add_groups(tasks, 1, is_eval=True, eval_version=self.version)
+
+    async def _wait_eval(self, manager: RolloutManager, version: int, timeout: float = 600.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            tally = manager.eval_tallies.get(version)
+            if tally is not None and tally.groups >= self.cfg.eval_groups:
+                return
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ the run
+    async def run(self, state: TrainState | None = None, start_step: int = 0,
+                  evaluate_initial: bool = True) -> RunSummary:
+        cfg = self.cfg
+        partition = self.initial_partition()
+        manager = RolloutManager(self.rollout_config, {}, self.pool, self.tokenizer, self.buffer,
+                                 cfg.env_type, cfg.rl.advantage, seed=cfg.seed,
+                                 max_seq_len=cfg.row_len)
+        self.manager = manager
+        self.version = start_step
+        state = await self._apply_partition(partition, manager, state)
+        if state is None:
+            state = await asyncio.to_thread(self.runner.actor.init_state, cfg.seed,
+                                            self.params_host)
+        self.meter = GoodputMeter()
+        if evaluate_initial and cfg.eval_every:
+            self._queue_eval(manager)
+        eval_pending = self.version if (evaluate_initial and cfg.eval_every) else None
+        cold = True
+        plan = ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False, "initial")
+        try:
+            for step in range(start_step, cfg.steps):
+                step_start = time.perf_counter()
+                busy_before = {r: w.stats.busy_s for r, w in manager.workers.items()}
+                if self.system == "sync":
+                    manager.add_groups(self._train_tasks(cfg.batch_groups), cfg.group_size)
+                    await manager.wait_idle()
+                else:
+                    self._top_up(manager)
+                self.buffer.begin_step()
+                wait_start = time.perf_counter()
+                target = plan.batch_groups if self.system == "tide" else cfg.batch_groups
+                while self.buffer.wait_for(target, self.version, timeout=0) < target:
+                    await asyncio.sleep(0.005)
+                    self._top_up(manager) if self.system != "sync" else None
+                twt = time.perf_counter() - wait_start if self.system != "sync" else (
+                    time.perf_counter() - step_start)
+                groups = self.buffer.take(target, self.version)
+                manager.consumed(len(groups))
+                payloads: list[GroupPayload] = [g.payload for g in groups]
+                trajectories = [t for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
+                advantages = [a for p in payloads for a, k in zip(p.advantages, p.keep) if k]
+                mode = {"sync": "colocated", "async": "colocated", "stream": "alternating",
+                        "tide": plan.mode.value}[self.system]
+                train_start = time.perf_counter()
+                t0 = self.trace.now_us()
+                if trajectories:
+                    state, timings, metrics = await asyncio.to_thread(
+                        self._update, state, trajectories, advantages, mode)
+                    self.runner.record_trace(timings["mode"], t0, timings["micro_batches"])
+                else:
+                    timings, metrics = {"mode": mode, "micro_batches": 0, "ref_s": 0.0,
+                                        "swap_s": 0.0}, {}
+                train_s = time.perf_counter() - train_start
+                consumed = sum(g.generated_tokens for g in groups)
+                self.meter.add_consumed(consumed)
+                self.version += 1
+                # ---- post-update boundary
+                if eval_pending is not None:
+                    await self._wait_eval(manager, eval_pending)
+                    self._report_eval(manager, eval_pending, step)
+                    eval_pending = None
+                if self.system == "tide":
+                    plan = self._plan(manager, partition, train_s, timings, twt, len(groups),
+                                      cold)
+                    cold = False
+                    if plan.partition != partition:
+                        partition = plan.partition
+                        state = await self._apply_partition(partition, manager, state)
+                sync_s = await self._sync_weights(manager, state)
+                if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                    self._queue_eval(manager)
+                    eval_pending = self.version
+                if self.checkpoint and cfg.checkpoint_every and (
+                        (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+                    await asyncio.to_thread(self.checkpoint, step + 1, state, self)
+                step_s = time.perf_counter() - step_start
+                self._step_times.append(step_s)
+                rwt = self._rwt(manager, busy_before, step_s)
+                record = StepRecord(
+                    step=step + 1, version=self.version, mode=timings["mode"],
+                    partition=(partition.rollout, partition.ref, partition.actor)
+                    if self.system != "sync" else (len(self.devices), 0, len(self.devices)),
+                    batch_groups=len(groups), consumed_tokens=consumed,
+                    train_reward=float(np.mean([t.reward for t in trajectories]))
+                    if trajectories else 0.0,
+                    train_success=self._success(payloads), twt_s=twt, rwt_s=rwt,
+                    step_s=step_s, goodput=self.meter.goodput(),
+                    kv_hit_rate=manager.hit_rate(), reason=plan.reason if self.system == "tide"
+                    else self.system, loss=dict(metrics, sync_s=sync_s, train_s=train_s))
+                self.records.append(record)
+                if self.writer:
+                    self.writer.write(record.step, "step", {
+                        k: v for k, v in dataclasses.asdict(record).items() if k != "loss"}
+                        | {f"loss/{k}": v for k, v in record.loss.items()})
+                if self.progress:
+                    self.progress(record)
+            if eval_pending is not None:
+                await self._wait_eval(manager, eval_pending)
+                self._report_eval(manager, eval_pending, cfg.steps)
+        finally:
+            await manager.aclose()
+            for worker in list(manager.workers.values()):
+                worker.stop()
+        generated = manager.counters["generated_tokens"]
+        dropped = sum(d.generated_tokens for d in self.buffer.dropped)
+        return RunSummary(
+            system=self.system, steps=len(self.records), elapsed_s=self.meter.elapsed(),
+            goodput=self.meter.goodput(), consumed_tokens=self.meter.consumed,
+            generated_tokens=generated, dropped_tokens=dropped, kv_hit_rate=manager.hit_rate(),
+            twt_s=sum(r.twt_s for r in self.records), rwt_s=sum(r.rwt_s for r in self.records),
+            eval={v: dataclasses.asdict(t) for v, t in manager.eval_tallies.items()},
+            records=self.records, counters=dict(manager.counters),
+            dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state)
+
+    def _update(self, state, trajectories, advantages, mode):
+        if self.system == "stream":
+            # StreamRL-like: every group is its own micro-batch stream, ref swapped per batch.
+            accum = self.runner.begin()
+            denom = loss_denominator(self.runner.micro_batches(trajectories, advantages,
+                                                               "colocated"),
+                                     self.cfg.rl.loss.loss_agg)
+            timings = {"mode": "alternating", "micro_batches": 0, "ref_s": 0.0, "swap_s": 0.0}
+            accum, t = self.runner.accumulate(state, accum, trajectories, advantages,
+                                              "alternating", denom)
+            for key in ("micro_batches", "ref_s", "swap_s"):
+                timings[key] += t[key]
+        else:
+            accum, timings = self.runner.accumulate(state, self.runner.begin(), trajectories,
+                                                    advantages, mode)
+        start = time.perf_counter()
+        state, metrics = self.runner.finish(state, accum)
+        timings["update_s"] = time.perf_counter() - start
+        return state, timings, metrics
+
+    def _plan(self, manager, partition, train_s, timings, twt, batch, cold) -> ers.Plan:
+        n_mb = max(1, timings["micro_batches"])
+        n_actor = max(1, partition.actor)
+        w_act = max(train_s - timings["ref_s"], 1e-6) * n_actor / n_mb
+        w_ref = max(timings["ref_s"] - timings["swap_s"], 1e-6) / n_mb if timings["ref_s"] else (
+            w_act / 3)  # ref forward ≈ 1/3 of actor fwd+bwd (2N vs 6N FLOPs) [D]
+        costs = ra2p.Ra2pCosts(w_act=w_act, w_ref=w_ref, t_swap=timings["swap_s"],
+                               n_actor=n_actor, n_ref=partition.ref)
+        sig = self.buffer.signals()
+        step_avg = float(np.mean(self._step_times)) if self._step_times else train_s
+        signals = ers.Signals(
+            ras_mb=int(sig.ready_tokens // self.cfg.micro_batch_tokens),
+            ready_groups=sig.ready_groups, tprm_s=min(sig.tprm_s, 1e9), hol_s=sig.hol_latency_s,
+            t_step_s=step_avg, mb_per_step=n_mb, costs=costs, prev_batch=batch,
+            twt_frac=min(1.0, twt / max(step_avg, 1e-6)), cold_start=cold,
+            eval_phase=False, rollout_scaled_down=bool(self.records) and partition.rollout <
+            (self.records[-1].partition[0] if self.records else partition.rollout))
+        return ers.plan(signals, partition, self.ers_config)
+
+    def _rwt(self, manager, busy_before, step_s) -> float:
+        """Mean seconds a rollout rank had no turn to compute during the step."""
+        idle = []
+        for rank, worker in manager.workers.items():
+            busy = worker.stats.busy_s - busy_before.get(rank, worker.stats.busy_s)
+            idle.append(max(0.0, step_s - busy))
+        return float(np.mean(idle)) if idle else 0.0
+
+    @staticmethod
+    def _success(payloads: list[GroupPayload]) -> float:
+        rewards = [t.reward for p in payloads for t in p.trajectories]
+        return float(np.mean([r >= 1.0 for r in rewards])) if rewards else 0.0
+
+    def _report_eval(self, manager, version: int, step: int) -> None:
+        tally = manager.eval_tallies.get(version)
+        if tally is None or not tally.episodes:
+            return
+        values = {"version": version, "episodes": tally.episodes,
+                  "reward": tally.reward_sum / tally.episodes,
+                  "success": tally.wins / tally.episodes}
+        log.info("eval v%d: success %.3f reward %.3f over %d episodes", version,
+                 values["success"], values["reward"], tally.episodes)
+        if self.writer:
+            self.writer.write(step, "eval", values)
