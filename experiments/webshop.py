@@ -18,16 +18,16 @@ import sys
 
 
 def _set_cpu_devices(argv: list[str]) -> None:
-    # XLA reads this once, when jax initialises, so it must precede every jax import.
+    # XLA reads its flags once, when jax initialises, so this must precede every jax import.
+    from tidejax.platform import configure_cpu_devices
+
     n = 8
     for i, arg in enumerate(argv):
         if arg == "--devices" and i + 1 < len(argv):
             n = int(argv[i + 1])
         elif arg.startswith("--devices="):
             n = int(arg.split("=", 1)[1])
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    configure_cpu_devices(n)
 
 
 if __name__ == "__main__":
@@ -161,8 +161,12 @@ def summary_dict(summary: RunSummary) -> dict:
 
 
 # ---------------------------------------------------------------------------- main
-def run(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True) -> dict:
+def run(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True,
+        compile_cache: str | None = None) -> dict:
     os.makedirs(run_dir, exist_ok=True)
+    if compile_cache:  # later runs (and --resume) skip most XLA compilation
+        jax.config.update("jax_compilation_cache_dir", compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     devices = jax.devices()[:cfg.topology.devices]
     if len(devices) < cfg.topology.devices:
         raise ValueError(f"topology.devices={cfg.topology.devices} but only {len(devices)} "
@@ -256,11 +260,15 @@ def main(argv=None) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument("--quick", action="store_true", help="a tiny run for CI smoke tests")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--compile-cache", default=os.path.join("runs", ".jax_cache"),
+                        help="persistent XLA compilation cache directory ('' disables it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = config_from_args(args)
     run_dir = args.out or os.path.join("runs", "webshop", cfg.system)
-    out = run(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress)
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    out = run(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
+              compile_cache=args.compile_cache or None)
     evals = out["eval_success"]
     first, last = (evals[min(evals)], evals[max(evals)]) if evals else (float("nan"),) * 2
     print(f"system={cfg.system} steps={out['steps']} goodput={out['goodput']:.1f} "

@@ -2,8 +2,8 @@
 
 import os
 
-# Must be set before jax is imported anywhere.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tidejax.platform import configure_cpu_devices
+
+# Must run before jax is imported anywhere.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+configure_cpu_devices(8)

@@ -51,11 +51,12 @@ class SftConfig:
 
     episodes: int = 96
     steps: int = 60
-    batch_sequences: int = 8
+    batch_sequences: int = 8  # rows of row_len tokens per step (several episodes per row)
     lr: float = 3e-3
+    devices: int = 2  # SFT mesh size: on fake CPU devices fewer shards run faster
 
     def __post_init__(self):
-        for name in ("episodes", "steps", "batch_sequences"):
+        for name in ("episodes", "steps", "batch_sequences", "devices"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SftConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:

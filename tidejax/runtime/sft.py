@@ -72,7 +72,7 @@ def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, 
     optim = OptimConfig(lr=cfg.sft.lr, warmup_steps=min(5, cfg.sft.steps - 1),
                         total_steps=cfg.sft.steps + 1, weight_decay=0.0)
     rl = cfg.rl.replace(optim=optim)
-    n = min(len(devices), cfg.sft.batch_sequences)
+    n = max(1, min(len(devices), cfg.sft.devices, cfg.sft.batch_sequences))
     while cfg.sft.batch_sequences % n:
         n -= 1
     trainer = make_trainer(model_config, rl, make_mesh(list(devices[:n]), fsdp=-1))

@@ -1,0 +1,211 @@
+"""`Trainer`: the RL core's pure steps compiled once for one (sub)mesh.
+
+The class holds compiled functions and shardings, never the state: `TrainState` and the
+gradient `Accum` are passed in and returned (and donated, so an update reuses their
+buffers). Parameters are born sharded from the model's logical-axis rules; batches are
+`[B, T]` with B split over the mesh's batch axes (data x fsdp), so B must be a multiple of
+`trainer.data_parallel`.
+
+RA2P decoupled mode, as the runtime drives it (one Trainer per submesh):
+
+    ref = make_trainer(cfg, rl, ref_mesh);  actor = make_trainer(cfg, rl, actor_mesh)
+    accum = actor.zero_accum()
+    for mb in micro_batches:                        # ref and actor run concurrently
+        ref_logp = ref.ref_logprobs(ref_params, ref.put(mb))         # on the ref submesh
+        logp, pullback = actor.actor_forward(state.params, actor.put(mb))  # needs no ref
+        accum = actor.actor_backward(pullback, logp, actor.put(ref_logp), actor.put(mb),
+                                     denom, accum)
+    state, metrics = actor.apply_update(state, accum)
+
+Colocated mode replaces forward + backward by `actor_grads(params, mb, ref_logp, denom,
+accum)`. JAX dispatch is asynchronous, so these calls return at once and the devices
+overlap them; only reading a metric waits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tidejax.models import ModelConfig, init_params
+from tidejax.models.sharding import TRAIN_RULES, LogicalRules, param_shardings
+from tidejax.rl import deferred, steps
+from tidejax.rl.batch import Batch
+from tidejax.rl.config import RLConfig
+from tidejax.rl.losses import empty_metrics
+from tidejax.rl.state import Accum, TrainState, add_to_accum, init_train_state, make_optimizer
+
+Params = dict[str, Any]
+
+
+class Trainer:
+    """Compiled ref / actor / update / SFT functions for one mesh."""
+
+    def __init__(self, model_config: ModelConfig, rl_config: RLConfig, mesh: Mesh,
+                 rules: LogicalRules = TRAIN_RULES, *, jit: bool = True,
+                 compiler_options: dict[str, Any] | None = None):
+        """`jit=False` runs the pure functions eagerly (debugging); `compiler_options` go to
+        every `jax.jit` (tests pass a low XLA optimisation level to compile faster)."""
+        self.model_config, self.rl_config, self.mesh, self.rules = (
+            model_config, rl_config, mesh, rules)
+        repl = NamedSharding(mesh, PartitionSpec())
+        abstract_params = jax.eval_shape(functools.partial(init_params, model_config),
+                                         jax.random.key(0))
+        self.param_shardings = param_shardings(model_config, mesh, rules, abstract_params)
+        tx = make_optimizer(rl_config.optim)
+        opt_shardings = optax.tree_map_params(
+            tx, lambda _, s: s, jax.eval_shape(tx.init, abstract_params), self.param_shardings,
+            transform_non_params=lambda _: repl)
+        self.state_shardings = TrainState(params=self.param_shardings, opt_state=opt_shardings,
+                                          step=repl, policy_version=repl, key=repl)
+        self.accum_shardings = Accum(grads=self.param_shardings, metrics=repl)
+        axes = tuple(a for a in rules.mesh_axes("batch") if mesh.shape.get(a, 1) > 1)
+        self.data_parallel = math.prod(mesh.shape[a] for a in axes)
+        self.batch_sharding = NamedSharding(
+            mesh, PartitionSpec(axes if axes else None, None))
+
+        cfg, rl, loss = model_config, rl_config, rl_config.loss
+        kw = {"chunk": rl.logprob_chunk, "remat": rl.remat}
+        ps, ss, acs = self.param_shardings, self.state_shardings, self.accum_shardings
+        bs = self.batch_sharding
+        if jit:
+            compile_ = functools.partial(jax.jit, compiler_options=compiler_options)
+        else:
+            compile_ = lambda f, **_: f
+
+        def forward(params, batch):
+            logp, pullback = deferred.actor_forward(cfg, params, batch, **kw)
+            return jax.lax.with_sharding_constraint(logp, bs), pullback
+
+        def backward(pullback, logp, ref_logp, batch, denom, accum):
+            return add_to_accum(accum, *deferred.actor_backward(pullback, logp, ref_logp, batch,
+                                                                loss, denom))
+
+        def fused(params, batch, ref_logp, denom, accum):
+            return add_to_accum(accum, *steps.actor_grads(cfg, params, batch, ref_logp, loss,
+                                                          denom, **kw))
+
+        def sft(params, batch, denom, accum):
+            return add_to_accum(accum, *steps.sft_grads(cfg, params, batch, denom, **kw))
+
+        def zeros():
+            return Accum(grads=jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32),
+                                            abstract_params), metrics=empty_metrics())
+
+        def init(key):
+            return init_train_state(init_params(cfg, jax.random.wrap_key_data(key)), rl.optim,
+                                    key)
+
+        def init_from(key, params):
+            return init_train_state(params, rl.optim, key)
+
+        self._init = compile_(init, in_shardings=(repl,), out_shardings=ss)
+        self._init_from = compile_(init_from, in_shardings=(repl, ps), out_shardings=ss)
+        self._zero = compile_(zeros, out_shardings=acs)
+        self._ref = compile_(functools.partial(steps.ref_logprobs, cfg, chunk=rl.logprob_chunk),
+                             in_shardings=(ps, bs), out_shardings=bs)
+        self._forward = compile_(forward, in_shardings=(ps, bs))
+        # The pullback is not donated: among its residuals are the parameter arrays
+        # themselves, which the state still owns. Its shardings are whatever the forward
+        # produced (None = take the argument's).
+        self._backward = compile_(backward, in_shardings=(None, bs, bs, bs, repl, acs),
+                                  out_shardings=acs, donate_argnums=(5,))
+        self._fused = compile_(fused, in_shardings=(ps, bs, bs, repl, acs), out_shardings=acs,
+                               donate_argnums=(4,))
+        self._sft = compile_(sft, in_shardings=(ps, bs, repl, acs), out_shardings=acs,
+                             donate_argnums=(3,))
+        self._update = compile_(functools.partial(steps.apply_update, optim_config=rl.optim),
+                                in_shardings=(ss, acs), out_shardings=(ss, repl),
+                                donate_argnums=(0,))
+        self._rl_step = compile_(
+            functools.partial(steps.rl_step, cfg, loss_config=loss, optim_config=rl.optim, **kw),
+            in_shardings=(ss, bs, bs, repl), out_shardings=(ss, repl), donate_argnums=(0,))
+        self._sft_step = compile_(
+            functools.partial(steps.sft_step, cfg, optim_config=rl.optim, **kw),
+            in_shardings=(ss, bs, repl), out_shardings=(ss, repl), donate_argnums=(0,))
+
+    # -- placement -------------------------------------------------------------------
+    def put(self, x):
+        """Place a `Batch` or a `[B, T]` array (host or another submesh) on this mesh."""
+        for leaf in jax.tree.leaves(x):
+            if leaf.shape[0] % self.data_parallel:
+                raise ValueError(f"batch size {leaf.shape[0]} is not a multiple of the "
+                                 f"data-parallel size {self.data_parallel}")
+        return jax.device_put(x, self.batch_sharding)
+
+    def put_params(self, params: Params) -> Params:
+        """Reshard parameters (from the host or another submesh) onto this mesh."""
+        return jax.device_put(params, self.param_shardings)
+
+    def init_state(self, seed: int = 0, params: Params | None = None) -> TrainState:
+        """A TrainState born sharded: random params from `seed`, or the given `params`."""
+        key = jax.random.key_data(jax.random.key(seed))
+        if params is None:
+            return self._init(key)
+        return self._init_from(key, self.put_params(params))
+
+    def abstract_state(self) -> TrainState:
+        """Shapes, dtypes and this mesh's shardings of a TrainState (for restoring)."""
+        shapes = jax.eval_shape(lambda k: init_train_state(
+            init_params(self.model_config, jax.random.wrap_key_data(k)), self.rl_config.optim,
+            k), jax.random.key_data(jax.random.key(0)))
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            shapes, self.state_shardings)
+
+    # -- steps -----------------------------------------------------------------------
+    def zero_accum(self) -> Accum:
+        return self._zero()
+
+    def ref_logprobs(self, ref_params: Params, batch: Batch) -> jax.Array:
+        """Reference log-probs `[B, T]`, sharded like the batch."""
+        return self._ref(ref_params, batch)
+
+    def actor_forward(self, params: Params, batch: Batch):
+        """`(logp_BT, pullback)`; needs no reference input (see `tidejax.rl.deferred`)."""
+        return self._forward(params, batch)
+
+    def actor_backward(self, pullback, logp_BT, ref_logp_BT, batch: Batch,
+                       denom: float | None, accum: Accum) -> Accum:
+        """Add this micro-batch's gradients (KL included) into `accum` (donated)."""
+        return self._backward(pullback, logp_BT, ref_logp_BT, batch, _denom(denom), accum)
+
+    def actor_grads(self, params: Params, batch: Batch, ref_logp_BT, denom: float | None,
+                    accum: Accum) -> Accum:
+        """Fused forward + backward (colocated mode); adds into `accum` (donated)."""
+        return self._fused(params, batch, ref_logp_BT, _denom(denom), accum)
+
+    def sft_grads(self, params: Params, batch: Batch, denom: float | None,
+                  accum: Accum) -> Accum:
+        return self._sft(params, batch, _denom(denom), accum)
+
+    def apply_update(self, state: TrainState, accum: Accum):
+        """`(state, metrics)` after one AdamW update; `state` and `accum` are donated."""
+        return self._update(state, accum)
+
+    def rl_step(self, state: TrainState, batch: Batch, ref_logp_BT, denom: float | None = None):
+        """A whole step on one micro-batch, fused; `state` is donated."""
+        return self._rl_step(state, batch, ref_logp_BT, _denom(denom))
+
+    def sft_step(self, state: TrainState, batch: Batch, denom: float | None = None):
+        """One supervised update (masked next-token loss); `state` is donated."""
+        return self._sft_step(state, batch, _denom(denom))
+
+
+def _denom(denom):
+    # A fixed dtype keeps one compiled version whether the caller passes an int or a float.
+    return None if denom is None else np.float32(denom)
+
+
+def make_trainer(model_config: ModelConfig, rl_config: RLConfig, mesh: Mesh,
+                 rules: LogicalRules = TRAIN_RULES, *, jit: bool = True,
+                 compiler_options: dict[str, Any] | None = None) -> Trainer:
+    """The factory the runtime calls per submesh (topology is data: any mesh works)."""
+    return Trainer(model_config, rl_config, mesh, rules, jit=jit,
+                   compiler_options=compiler_options)
