@@ -1,0 +1,380 @@
+"""The serving engine of one rollout rank: JetStream's prefill / insert / generate over a
+paged KV pool with a prefix cache and task-level pinning.
+
+`Engine` is a thin host shell around the pure steps in `serving.steps`, compiled once at
+construction with the KV pages and the decode state donated. It owns the rank's KV pages
+(prefill and generate both write them, so they cannot live in a caller-held pytree) and
+the host `KVPool` that decides which pages hold which tokens.
+
+A request's turn: `prefill` (allocate pages, reuse cached prefix pages, compute the rest,
+sample the first token) -> `insert` (into a decode slot) -> `generate` until the host sees
+`done` -> `free_slot(tokens=...)`, which indexes the sequence's full pages for reuse and
+then either releases them (evictable: request-level serving) or keeps them pinned for the
+task's next turn (`pin`, the mechanism CTB uses). `accounting()` is what a scheduler reads.
+
+Not thread-safe: one host thread drives an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Hashable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from tidejax.models.config import ModelConfig
+from tidejax.models.model import Params
+from tidejax.models.sharding import ROLLOUT_RULES, make_mesh, param_shardings
+from tidejax.serving import steps
+from tidejax.serving.config import EngineConfig, SamplingParams
+from tidejax.serving.kv_pool import KVPages, KVPool, init_kv_pages
+from tidejax.serving.page_pool import PoolFull, PoolUsage
+from tidejax.serving.steps import DecodeState, ResultTokens, SlotRow
+
+
+class OutOfPages(PoolFull):
+    """`generate` found no page for the next token of `slots`; nothing was dispatched."""
+
+    def __init__(self, slots: Sequence[int]):
+        super().__init__(f"no free or evictable page for decode slots {list(slots)}")
+        self.slots = tuple(slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """A prefilled request, ready to `insert`: its K/V is already in the pool."""
+
+    request_id: Hashable
+    task_id: Hashable
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    first: ResultTokens  # [1, 6] on device: the first sampled token
+    row: SlotRow  # host values for the decode slot
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    computed_tokens: int  # prompt tokens this prefill computed
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineMetrics:
+    """Cumulative engine counters. Hit rate = prompt tokens served from cache / needed."""
+
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    prefill_tokens_computed: int  # real tokens through the model in prefill
+    prefill_tokens_padded: int  # the same plus bucket padding
+    prefill_calls: int
+    decode_steps: int
+    decode_tokens: int
+    evicted_pages: int
+    pages_used: int
+    pages_pinned: int
+    pages_cached: int
+    pages_free: int
+
+    @property
+    def kv_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclasses.dataclass
+class _Slot:
+    request_id: Hashable
+    task_id: Hashable
+
+
+class Engine:
+    """One rank's engine. Build with `make_engine`; see the module docstring."""
+
+    def __init__(self, config: ModelConfig, engine_config: EngineConfig, mesh: jax.sharding.Mesh,
+                 params: Params):
+        self.config = config
+        self.engine_config = ec = engine_config
+        self._mesh = mesh
+        self._param_shardings = param_shardings(config, mesh, ROLLOUT_RULES)
+        tensor = mesh.shape.get("tensor", 1)
+        kv_spec = (PartitionSpec(None, None, None, "tensor", None)
+                   if tensor > 1 and config.num_kv_heads % tensor == 0 else PartitionSpec())
+        self.kv_sharding = NamedSharding(mesh, kv_spec)
+        self._replicated = NamedSharding(mesh, PartitionSpec())
+        self._init_host(ec)
+        self._kv = init_kv_pages(config, ec.num_pages, ec.page_size, self.kv_sharding)
+        self.params = self.load_params(params)
+        self._prefill, self._generate, self._insert, self._free = _compiled_steps(
+            config, ec.attention, ec.page_size, ec.max_seq_len, self.kv_sharding,
+            self._replicated)
+
+    def _init_host(self, engine_config: EngineConfig) -> None:
+        """Host bookkeeping, shared with `MockEngine` so both account identically."""
+        ec = engine_config
+        self.pool = KVPool(ec.num_pages, ec.page_size, ec.max_pages_per_seq)
+        self._slots: list[_Slot | None] = [None] * ec.max_slots
+        self._request_ids = itertools.count()
+        self._last_state: DecodeState | None = None
+        self._counts = {"prompt": 0, "cached": 0, "computed": 0, "padded": 0, "prefills": 0,
+                        "steps": 0}
+
+    # ------------------------------------------------------------ JetStream API
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        return self._mesh
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.engine_config.max_slots
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self.engine_config.max_seq_len
+
+    def load_params(self, params: Params) -> Params:
+        """Place `params` on this rank's mesh (ROLLOUT_RULES shardings)."""
+        return jax.device_put(params, self._param_shardings)
+
+    def init_decode_state(self) -> DecodeState:
+        ec = self.engine_config
+        state = steps.init_decode_state(ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
+                                        self.pool.trash_page)
+        self._last_state = jax.device_put(state, self._replicated)
+        return self._last_state
+
+    def prefill(self, params: Params, tokens: Sequence[int], task_id: Hashable = None,
+                sampling: SamplingParams | None = None, request_id: Hashable = None) -> Prefix:
+        """Compute the K/V of `tokens` not already cached and sample the first token.
+
+        `task_id` names the multi-turn task (its pinned pages are reused); None makes the
+        request its own task. Prompts longer than the largest bucket run in chunks. Raises
+        `PoolFull` if the pool cannot hold the prompt (nothing changed).
+        """
+        ec = self.engine_config
+        sampling = sampling or ec.sampling
+        if len(sampling.stop_token_ids) > ec.max_stop_tokens:
+            raise ValueError(f"at most {ec.max_stop_tokens} stop tokens per request")
+        prompt = tuple(int(t) for t in tokens)
+        if request_id is None:
+            request_id = ("request", next(self._request_ids))
+        if task_id is None:
+            task_id = request_id
+        if any(s is not None and s.task_id == task_id for s in self._slots):
+            raise ValueError(f"task {task_id!r} is decoding in a slot")
+        plan = self.pool.begin_turn(task_id, prompt)
+        page_row = self.pool.page_row(task_id)
+        try:
+            first = self._run_prefill(params, prompt, plan.start, plan.write, page_row, sampling)
+        except Exception:
+            self.pool.abort_turn(task_id, kv_written=False)
+            raise
+        computed = len(prompt) - plan.start
+        self._counts["prompt"] += len(prompt)
+        self._counts["cached"] += plan.cached_tokens
+        self._counts["computed"] += computed
+        row = SlotRow(length=np.int32(len(prompt)), page_row_P=page_row,
+                      max_new=np.int32(sampling.max_new_tokens), stop_S=self._stop_row(sampling),
+                      temperature=np.float32(sampling.temperature),
+                      top_k=np.int32(sampling.top_k), top_p=np.float32(sampling.top_p),
+                      seed=np.uint32(sampling.seed))
+        return Prefix(request_id, task_id, prompt, sampling, first, row, plan.cached_tokens,
+                      computed)
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Start decoding `prefix` in the free `slot` (donates `decode_state`)."""
+        if self._slots[slot] is not None:
+            raise ValueError(f"slot {slot} is busy; free_slot it first")
+        if not self.pool.in_turn(prefix.task_id):
+            raise ValueError(f"prefix of task {prefix.task_id!r} is no longer live")
+        self._last_state = self._insert(decode_state, np.int32(slot), prefix.first, prefix.row)
+        self._slots[slot] = _Slot(prefix.request_id, prefix.task_id)
+        return self._last_state
+
+    def generate(self, params: Params, decode_state: DecodeState
+                 ) -> tuple[DecodeState, ResultTokens]:
+        """One token for every busy slot (donates `decode_state`; writes the KV pages).
+
+        Raises `OutOfPages` (nothing dispatched) when a slot needs a page and none is free
+        or evictable; the caller frees or preempts a slot and retries.
+        """
+        ec = self.engine_config
+        busy = [(i, s.task_id) for i, s in enumerate(self._slots) if s is not None]
+        short = [i for i, task in busy if self.pool.grow_needs_page(task)]
+        if len(short) > self.pool.available_pages():
+            raise OutOfPages(short[self.pool.available_pages():])
+        update = np.tile(np.array([ec.max_pages_per_seq, self.pool.trash_page], np.int32),
+                         (ec.max_slots, 1))
+        for slot, task in busy:
+            if self.pool.grow(task, 1):
+                pages = self.pool.pages.pages(task)
+                update[slot] = (len(pages) - 1, pages[-1])
+        self._kv, state, result = self._generate(params, self._kv, decode_state, update)
+        self._counts["steps"] += 1
+        self._last_state = state
+        return state, result
+
+    # ------------------------------------------------------------ slots and tasks
+    def free_slot(self, decode_state: DecodeState, slot: int, tokens: Sequence[int] | None = None,
+                  keep: bool | None = None) -> DecodeState:
+        """End the request in `slot` (donates `decode_state`).
+
+        `tokens`: the whole sequence (prompt + generated); its full pages are indexed for
+        prefix reuse. `keep`: pin the task's pages for its next turn (True), release them
+        to the evictable cache (False), or do what `pin`/`unpin` said during the turn (None).
+        """
+        entry = self._slots[slot]
+        if entry is None:
+            raise ValueError(f"slot {slot} is already free")
+        # Pages may be handed out again right away: safe, because every later K/V writer
+        # is ordered after this slot's last write through the donated pool.
+        self.pool.end_turn(entry.task_id, tokens, keep)
+        self._slots[slot] = None
+        self._last_state = self._free(decode_state, np.int32(slot))
+        return self._last_state
+
+    def discard(self, prefix: Prefix) -> None:
+        """Drop a prefilled request that will not be inserted (its pages are released)."""
+        if any(s is not None and s.task_id == prefix.task_id for s in self._slots):
+            raise ValueError("the prefix is inserted; use free_slot")
+        self.pool.abort_turn(prefix.task_id)
+
+    def preempt_slot(self, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Stop the request in `slot` without keeping anything it generated (recompute later)."""
+        entry = self._slots[slot]
+        if entry is None:
+            raise ValueError(f"slot {slot} is already free")
+        self._slots[slot] = None
+        self._last_state = self._free(decode_state, np.int32(slot))
+        self.pool.abort_turn(entry.task_id)
+        return self._last_state
+
+    def pin(self, task_id: Hashable) -> None:
+        """Keep the task's pages resident across its env wait (at turn end if mid-turn)."""
+        self.pool.pin(task_id)
+
+    def unpin(self, task_id: Hashable) -> None:
+        """The task's pages become evictable (still reusable until evicted)."""
+        self.pool.unpin(task_id)
+
+    def evict(self, task_id: Hashable) -> None:
+        """Free the task's pages now (the task must not be decoding)."""
+        self.pool.evict(task_id)
+
+    def flush(self) -> tuple[Hashable, ...]:
+        """Drop every cached prefix and pinned task (slots must be free). Returns the tasks."""
+        if any(s is not None for s in self._slots):
+            raise ValueError("flush needs every decode slot free")
+        return self.pool.flush()
+
+    def sync_weights(self, params: Params) -> tuple[Hashable, ...]:
+        """New policy weights: place them and flush the K/V they make stale (on-policy RL
+        flushes at every update). Returns the tasks whose pages were dropped."""
+        dropped = self.flush()
+        self.params = self.load_params(params)
+        return dropped
+
+    def slot_task(self, slot: int) -> Hashable | None:
+        entry = self._slots[slot]
+        return None if entry is None else entry.task_id
+
+    def slot_request(self, slot: int) -> Hashable | None:
+        entry = self._slots[slot]
+        return None if entry is None else entry.request_id
+
+    def free_slots(self) -> list[int]:
+        return [i for i, s in enumerate(self._slots) if s is None]
+
+    def can_prefill(self, task_id: Hashable, tokens: Sequence[int], headroom_pages: int = 0
+                    ) -> bool:
+        """Whether `prefill` would find pages now, leaving `headroom_pages` for decode."""
+        need = self.pool.pages_needed(task_id, tokens)
+        return need + headroom_pages <= self.pool.available_pages()
+
+    # ------------------------------------------------------------ accounting
+    def available_pages(self) -> int:
+        """Pages obtainable for new tokens now: free + cached (evictable)."""
+        return self.pool.available_pages()
+
+    def pinned_tasks(self) -> tuple[Hashable, ...]:
+        return tuple(t for t in self.pool.tasks() if self.pool.is_pinned(t))
+
+    def accounting(self) -> PoolUsage:
+        """Token counts of this rank: used (active), pinned, cached (evictable), free."""
+        return self.pool.usage()
+
+    def task_tokens(self, task_id: Hashable) -> int:
+        """Tokens the task's live sequence holds on this rank (0 if none)."""
+        return self.pool.pages.tokens(task_id)
+
+    def metrics(self) -> EngineMetrics:
+        """Counters; reads the device decode-token counter (a host sync, not for hot loops)."""
+        usage = self.pool.usage()
+        ps = self.engine_config.page_size
+        decode_tokens = 0
+        counter = None if self._last_state is None else self._last_state.decode_tokens
+        if counter is not None and not getattr(counter, "is_deleted", lambda: False)():
+            decode_tokens = int(counter)
+        c = self._counts
+        return EngineMetrics(
+            prompt_tokens=c["prompt"], cached_prompt_tokens=c["cached"],
+            prefill_tokens_computed=c["computed"], prefill_tokens_padded=c["padded"],
+            prefill_calls=c["prefills"], decode_steps=c["steps"], decode_tokens=decode_tokens,
+            evicted_pages=self.pool.counters().evicted_pages,
+            pages_used=usage.used_tokens // ps, pages_pinned=usage.pinned_tokens // ps,
+            pages_cached=usage.cached_tokens // ps, pages_free=usage.free_tokens // ps)
+
+    def compile_counts(self) -> dict[str, int]:
+        """Compiled executables per step function (flat in steady state)."""
+        return {name: fn._cache_size() for name, fn in (
+            ("prefill", self._prefill), ("generate", self._generate), ("insert", self._insert),
+            ("free", self._free))}
+
+    # ------------------------------------------------------------ internals
+    def _run_prefill(self, params, prompt, start, write, page_row, sampling) -> ResultTokens:
+        ec = self.engine_config
+        first = None
+        biggest = ec.prefill_buckets[-1]
+        while True:
+            num_new = min(len(prompt) - start, biggest)
+            bucket = ec.bucket_for(num_new)
+            chunk = np.zeros((bucket,), np.int32)
+            chunk[:num_new] = prompt[start:start + num_new]
+            self._kv, first = self._prefill(
+                params, self._kv, chunk, np.int32(num_new), np.int32(start), page_row,
+                np.bool_(write), np.uint32(sampling.seed), np.float32(sampling.temperature),
+                np.int32(sampling.top_k), np.float32(sampling.top_p),
+                np.int32(sampling.max_new_tokens), self._stop_row(sampling))
+            self._counts["padded"] += bucket
+            self._counts["prefills"] += 1
+            start += num_new
+            if start >= len(prompt):
+                return first
+
+    def _stop_row(self, sampling: SamplingParams) -> np.ndarray:
+        stop = np.full((self.engine_config.max_stop_tokens,), -1, np.int32)
+        stop[: len(sampling.stop_token_ids)] = sampling.stop_token_ids
+        return stop
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq_len: int,
+                    kv_sharding: NamedSharding, replicated: NamedSharding):
+    """The jitted steps, shared by engines of equal shapes so a rebuilt engine (new rank,
+    new weights) does not recompile. Compiled lazily, once per input shape (bucket)."""
+    kv_out = KVPages(kv_sharding, kv_sharding)
+    prefill = jax.jit(
+        functools.partial(steps.prefill_step, config, attention, page_size, max_seq_len),
+        donate_argnums=(1,), out_shardings=(kv_out, replicated))
+    generate = jax.jit(
+        functools.partial(steps.generate_step, config, attention, page_size, max_seq_len),
+        donate_argnums=(1, 2), out_shardings=(kv_out, replicated, replicated))
+    insert = jax.jit(steps.insert_step, donate_argnums=(0,), out_shardings=replicated)
+    free = jax.jit(steps.free_step, donate_argnums=(0,), out_shardings=replicated)
+    return prefill, generate, insert, free
+
+
+def make_engine(config: ModelConfig, params: Params, devices: Sequence[jax.Device] | None = None,
+                engine_config: EngineConfig | None = None) -> Engine:
+    """An engine on one rollout rank: `devices` form a tensor-parallel mesh (topology is
+    data). Parameters shard by ROLLOUT_RULES; KV pages on kv heads when they divide."""
+    devices = list(devices) if devices is not None else jax.devices()[:1]
+    mesh = make_mesh(devices, data=1, fsdp=1, tensor=len(devices))
+    return Engine(config, engine_config or EngineConfig(), mesh, params)

@@ -1,0 +1,342 @@
+"""Host driver: request-level continuous batching over an `Engine`, with policy hooks.
+
+One host thread owns a `RequestLoop`. Each `step()` (1) asks the policy which waiting
+requests to admit and prefills/inserts them while slots and pages allow, (2) runs one
+`generate` for all slots, preempting a running request (policy's choice) when a slot
+cannot get its next page, and (3) reads the packed results in one copy, appends tokens
+and behaviour log-probs, and completes finished requests. On completion the policy says
+whether the task's pages stay pinned for its next turn (pause) or are released to the
+evictable cache (what request-level serving does, and how a paused multi-turn task loses
+its cache: TideRL's challenge C1). A task's next turn is just another request with the
+same `task_id`; admitting it first is the policy's resume decision.
+
+The default `RequestLevelPolicy` is the baseline: FIFO admission with a page watermark,
+release on completion, preempt the most recently admitted request. Task-level policies
+(CTB, in `tidejax.sched`) implement the same `Policy` protocol. Requests and results are
+plain data; the only clock is the injectable `clock` used to report decode tokens/s.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Protocol
+
+import jax
+import numpy as np
+from tidejax.serving.config import SamplingParams
+from tidejax.serving.engine import Engine, EngineMetrics, OutOfPages
+from tidejax.serving.page_pool import PoolFull, PoolUsage
+from tidejax.serving.steps import DONE, LOGPROB, TOKEN, VALID
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One turn of a task: generate up to `max_new_tokens` after `prompt_token_ids`."""
+
+    request_id: Hashable
+    task_id: Hashable | None
+    prompt_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
+        if not self.prompt_token_ids:
+            raise ValueError("Request.prompt_token_ids must not be empty")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise ValueError(f"Request.max_new_tokens must be a positive int, "
+                             f"got {self.max_new_tokens!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A finished request: generated ids and their behaviour log-probs (float32)."""
+
+    request_id: Hashable
+    task_id: Hashable
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" or "length"
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    preemptions: int  # times the request was preempted and recomputed
+    pinned: bool  # the task's pages stayed pinned after this turn
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineView:
+    """What a policy sees: plain numbers, no engine handle."""
+
+    free_slots: int
+    available_pages: int  # free + evictable
+    page_size: int
+    usage: PoolUsage
+    pinned_tasks: dict[Hashable, int]  # task -> tokens its pinned pages hold
+
+
+@dataclasses.dataclass(frozen=True)
+class Running:
+    """A request in a decode slot, as a policy sees it."""
+
+    slot: int
+    request: Request
+    admitted_step: int
+    generated: int
+
+
+class Policy(Protocol):
+    """Where a task-level policy decides instead of request-level serving."""
+
+    def admission_order(self, waiting: Sequence[Request], view: EngineView) -> Sequence[Request]:
+        """Requests to try to admit now, in order (admission stops at the first that does not fit)."""
+
+    def headroom_pages(self, request: Request, view: EngineView) -> int:
+        """Pages that must stay available after admitting `request` (decode growth)."""
+
+    def keep_pinned(self, completion: Completion, view: EngineView) -> bool:
+        """Pause: pin the task's pages for its next turn (True) or release them (False)."""
+
+    def preemption_victim(self, running: Sequence[Running], view: EngineView) -> int:
+        """Slot to preempt when a running request cannot get its next page."""
+
+
+class RequestLevelPolicy:
+    """The baseline: FIFO, a page watermark, release on completion, preempt newest."""
+
+    def __init__(self, watermark_pages: int = 1):
+        self.watermark_pages = watermark_pages
+
+    def admission_order(self, waiting: Sequence[Request], view: EngineView) -> Sequence[Request]:
+        return waiting
+
+    def headroom_pages(self, request: Request, view: EngineView) -> int:
+        return self.watermark_pages
+
+    def keep_pinned(self, completion: Completion, view: EngineView) -> bool:
+        return False
+
+    def preemption_victim(self, running: Sequence[Running], view: EngineView) -> int:
+        return max(running, key=lambda r: (r.admitted_step, r.slot)).slot
+
+
+@dataclasses.dataclass
+class _Active:
+    request: Request
+    task_id: Hashable
+    admitted_step: int
+    cached_tokens: int
+    preemptions: int
+    first: jax.Array | None  # the prefill's [1, 6] result until read
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopMetrics:
+    engine: EngineMetrics
+    steps: int
+    completed: int
+    preemptions: int
+    decode_tokens: int  # tokens appended by generate steps (excludes prefill's first)
+    decode_seconds: float  # wall time in generate + result reads
+    admission_stalls: int  # steps where requests waited and none could be admitted
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def kv_hit_rate(self) -> float:
+        return self.engine.kv_hit_rate
+
+
+class RequestLoop:
+    """Continuous batching over one engine; see the module docstring."""
+
+    def __init__(self, engine: Engine, params=None, policy: Policy | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.engine = engine
+        self.params = params if params is not None else engine.params
+        self.policy = policy or RequestLevelPolicy(engine.engine_config.admission_watermark_pages)
+        self._clock = clock
+        self._state = engine.init_decode_state()
+        self._waiting: collections.deque[tuple[Request, int]] = collections.deque()
+        self._active: dict[int, _Active] = {}
+        self._steps = 0
+        self._completed = 0
+        self._preemptions = 0
+        self._decode_tokens = 0
+        self._decode_seconds = 0.0
+        self._stalls = 0
+        self._pin_intent: set[Hashable] = set()
+        self.stalled = False
+
+    # ------------------------------------------------------------------ inputs
+    def submit(self, request: Request) -> None:
+        ec = self.engine.engine_config
+        if len(request.prompt_token_ids) >= ec.max_seq_len:
+            raise ValueError(f"request {request.request_id!r}: prompt does not fit max_seq_len "
+                             f"{ec.max_seq_len}")
+        self._waiting.append((request, 0))
+
+    def pin(self, task_id: Hashable) -> None:
+        """Pin the task's pages when its running (or else its next) turn completes."""
+        if self.engine.pool.in_turn(task_id):
+            self.engine.pin(task_id)
+        else:
+            self._pin_intent.add(task_id)
+
+    def unpin(self, task_id: Hashable) -> None:
+        self._pin_intent.discard(task_id)
+        if self.engine.pool.has(task_id):
+            self.engine.unpin(task_id)
+
+    def evict(self, task_id: Hashable) -> None:
+        self.engine.evict(task_id)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def idle(self) -> bool:
+        return not self._waiting and not self._active
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._active)
+
+    def view(self) -> EngineView:
+        engine = self.engine
+        return EngineView(
+            free_slots=len(engine.free_slots()), available_pages=engine.available_pages(),
+            page_size=engine.engine_config.page_size, usage=engine.accounting(),
+            pinned_tasks={t: engine.task_tokens(t) for t in engine.pinned_tasks()})
+
+    def metrics(self) -> LoopMetrics:
+        return LoopMetrics(self.engine.metrics(), self._steps, self._completed,
+                           self._preemptions, self._decode_tokens, self._decode_seconds,
+                           self._stalls)
+
+    # ------------------------------------------------------------------ driving
+    def step(self) -> list[Completion]:
+        """Admit, decode one token for every running request, return what finished."""
+        admitted = self._admit()
+        # Nothing runs and nothing could start: only the caller (unpin, evict) can help.
+        self.stalled = not admitted and not self._active and bool(self._waiting)
+        if not self._active:
+            return []
+        start = self._clock()
+        while True:
+            try:
+                self._state, result = self.engine.generate(self.params, self._state)
+                break
+            except OutOfPages:
+                self._preempt_one()
+                if not self._active:
+                    return []
+        firsts = [(slot, a) for slot, a in self._active.items() if a.first is not None]
+        data, *first_data = jax.device_get([result.data] + [a.first for _, a in firsts])
+        self._decode_seconds += self._clock() - start
+        self._steps += 1
+        done: list[Completion] = []
+        for (slot, active), first in zip(firsts, first_data):
+            active.first = None
+            if self._append(slot, active, first[0]):
+                done.append(self._complete(slot, active))
+        for slot, active in list(self._active.items()):
+            row = data[slot]
+            if not row[VALID]:  # the slot did not decode this step
+                continue
+            self._decode_tokens += 1
+            if self._append(slot, active, row):
+                done.append(self._complete(slot, active))
+        return done
+
+    def run(self, max_steps: int | None = None) -> Iterator[Completion]:
+        """Step until idle (or `max_steps`), yielding completions as they finish."""
+        steps = 0
+        while not self.idle and (max_steps is None or steps < max_steps):
+            yield from self.step()
+            steps += 1
+            if self.stalled:
+                raise RuntimeError("waiting requests cannot be admitted into an idle engine "
+                                   "(pinned pages or the policy hold them back)")
+
+    # ------------------------------------------------------------------ internals
+    def _admit(self) -> int:
+        if not self._waiting:
+            return 0
+        engine = self.engine
+        admitted = 0
+        order = self.policy.admission_order([r for r, _ in self._waiting], self.view())
+        for request in order:
+            free = engine.free_slots()
+            if not free:
+                break
+            task_id = request.task_id if request.task_id is not None else request.request_id
+            if task_id in {a.task_id for a in self._active.values()}:
+                continue  # a task runs one turn at a time
+            headroom = self.policy.headroom_pages(request, self.view())
+            if not engine.can_prefill(task_id, request.prompt_token_ids, headroom):
+                break
+            sampling = (request.sampling or engine.engine_config.sampling).replace(
+                max_new_tokens=request.max_new_tokens)
+            try:
+                prefix = engine.prefill(self.params, request.prompt_token_ids, task_id, sampling,
+                                        request.request_id)
+            except PoolFull:
+                break
+            entry = self._pop_waiting(request)
+            slot = free[0]
+            self._state = engine.insert(prefix, self._state, slot)
+            self._active[slot] = _Active(request, task_id, self._steps, prefix.cached_tokens,
+                                         entry[1], prefix.first.data)
+            admitted += 1
+        if not admitted and self._waiting:
+            self._stalls += 1
+        return admitted
+
+    def _pop_waiting(self, request: Request) -> tuple[Request, int]:
+        for i, entry in enumerate(self._waiting):
+            if entry[0] is request:
+                del self._waiting[i]
+                return entry
+        raise KeyError(request.request_id)
+
+    def _append(self, slot: int, active: _Active, row: np.ndarray) -> bool:
+        active.tokens.append(int(row[TOKEN]))
+        active.logprobs.append(float(np.asarray(row[LOGPROB], np.int32).view(np.float32)))
+        return bool(row[DONE])
+
+    def _complete(self, slot: int, active: _Active) -> Completion:
+        del self._active[slot]
+        request = active.request
+        sampling = request.sampling or self.engine.engine_config.sampling
+        reason = "stop" if active.tokens[-1] in sampling.stop_token_ids else "length"
+        completion = Completion(request.request_id, active.task_id, request.prompt_token_ids,
+                                tuple(active.tokens), tuple(active.logprobs), reason,
+                                active.cached_tokens, active.preemptions, False)
+        keep = bool(self.policy.keep_pinned(completion, self.view()))
+        if active.task_id in self._pin_intent:
+            self._pin_intent.discard(active.task_id)
+            keep = True
+        # keep=None lets a `pin`/`unpin` issued to the engine during the turn decide.
+        self._state = self.engine.free_slot(self._state, slot,
+                                            request.prompt_token_ids + completion.token_ids,
+                                            True if keep else None)
+        self._completed += 1
+        return dataclasses.replace(completion, pinned=self.engine.pool.is_pinned(active.task_id))
+
+    def _preempt_one(self) -> None:
+        running = [Running(slot, a.request, a.admitted_step, len(a.tokens))
+                   for slot, a in self._active.items()]
+        slot = self.policy.preemption_victim(running, self.view())
+        active = self._active.pop(slot)
+        self._state = self.engine.preempt_slot(self._state, slot)
+        self._preemptions += 1
+        self._waiting.appendleft((active.request, active.preemptions + 1))

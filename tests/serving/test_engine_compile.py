@@ -1,0 +1,41 @@
+"""Fixed shapes: hundreds of varied prefill / generate calls compile nothing new."""
+
+import numpy as np
+from tidejax.serving import Request, RequestLoop, SamplingParams
+from tidejax.serving.steps import TRACE_COUNTS
+from tidejax.serving.testing import tiny_engine
+
+
+def varied_requests(rng, count, start):
+    samplings = [SamplingParams.greedy(), SamplingParams(temperature=0.7, seed=3),
+                 SamplingParams(temperature=1.0, top_k=5, seed=4),
+                 SamplingParams(temperature=1.3, top_p=0.8, stop_token_ids=(1, 2, 3), seed=5)]
+    for i in range(count):
+        n = int(rng.integers(1, 90))  # both buckets, and chunked past the largest
+        prompt = rng.integers(0, 512, n).tolist()
+        yield Request(start + i, f"task{i % 7}", prompt, int(rng.integers(2, 22)),
+                      samplings[i % len(samplings)])
+
+
+def test_compilations_stay_flat_over_hundreds_of_calls():
+    engine = tiny_engine()
+    loop = RequestLoop(engine)
+    rng = np.random.default_rng(0)
+    for request in varied_requests(rng, 12, 0):  # warm-up: each bucket and step traced
+        loop.submit(request)
+    list(loop.run())
+    traced, compiled = dict(TRACE_COUNTS), engine.compile_counts()
+    before = engine.metrics()
+
+    for request in varied_requests(rng, 100, 1000):
+        loop.submit(request)
+    finished = list(loop.run())
+
+    after = engine.metrics()
+    assert len(finished) == 100
+    assert after.prefill_calls - before.prefill_calls >= 100
+    assert after.decode_steps - before.decode_steps >= 200
+    assert dict(TRACE_COUNTS) == traced
+    assert engine.compile_counts() == compiled
+    assert compiled["generate"] == 1 and compiled["prefill"] == 2  # one per bucket
+    engine.pool.check()
