@@ -179,6 +179,8 @@ def run(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool 
         model_config, params = models.load_hf(cfg.hf_path, dtype="float32")
     else:
         model_config = models.get_preset(cfg.preset)
+        if cfg.model_vocab_size is not None:
+            model_config = model_config.replace(vocab_size=cfg.model_vocab_size)
         params = models.init_params(model_config, jax.random.key(cfg.seed))
     check_matches_model(tokenizer, model_config.vocab_size)
 
@@ -263,7 +265,8 @@ def main(argv=None) -> None:
     parser.add_argument("--compile-cache", default=os.path.join("runs", ".jax_cache"),
                         help="persistent XLA compilation cache directory ('' disables it)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        force=True)
     cfg = config_from_args(args)
     run_dir = args.out or os.path.join("runs", "webshop", cfg.system)
     logging.getLogger("bm25s").setLevel(logging.WARNING)

@@ -70,7 +70,8 @@ class RunConfig:
     preset: str = "tiny"
     hf_path: str | None = None
     tokenizer_path: str | None = None
-    tokenizer_vocab: int = 512
+    tokenizer_vocab: int = 2048  # BPE trained on the env's text when no tokenizer is given
+    model_vocab_size: int | None = 2048  # resize the preset's embedding (None: keep it)
     seed: int = 0
     steps: int = 12
     group_size: int = 4
@@ -81,15 +82,15 @@ class RunConfig:
     eval_groups: int = 8
     checkpoint_every: int = 4
     keep_checkpoints: int = 3
-    micro_batch_tokens: int = 4096
-    row_len: int = 2048
+    micro_batch_tokens: int = 6144
+    row_len: int = 1536
     env_time_scale: float = 1.0  # multiplies the env latency model (0.5: twice as fast)
     env_servers: tuple[str, ...] = ()
     long_tail_fraction: float = 0.25
     topology: TopologyConfig = TopologyConfig()
-    engine: EngineConfig = EngineConfig(page_size=16, num_pages=384, max_slots=8,
-                                        max_pages_per_seq=128,
-                                        prefill_buckets=(64, 128, 256, 512))
+    # 256 pages x 16 tokens per rank: a few WebShop contexts, so KV memory is contended.
+    engine: EngineConfig = EngineConfig(page_size=16, num_pages=256, max_slots=8,
+                                        max_pages_per_seq=96, prefill_buckets=(256, 768))
     rollout: RolloutConfig = RolloutConfig(max_new_tokens=24)
     rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.01), optim=OptimConfig(
         lr=1e-3, warmup_steps=2, total_steps=1000, clip_norm=1.0))
@@ -106,6 +107,9 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name} must be a positive int, got {value!r}")
         if self.group_size < 2:
             raise ValueError(f"RunConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
+        if self.model_vocab_size is not None and self.model_vocab_size < self.tokenizer_vocab:
+            raise ValueError(f"RunConfig.model_vocab_size ({self.model_vocab_size}) must be >= "
+                             f"tokenizer_vocab ({self.tokenizer_vocab})")
         if self.min_batch_groups > self.batch_groups:
             raise ValueError(f"RunConfig.min_batch_groups ({self.min_batch_groups}) must be <= "
                              f"batch_groups ({self.batch_groups})")

@@ -68,9 +68,14 @@ def close_action(tokenizer: Tokenizer, ep: EpisodeTokens, generated: list[int]) 
     ep.extend_context(tokenizer.encode("\n"))
 
 
+def observation_ids(tokenizer: Tokenizer, observation: str) -> list[int]:
+    """An observation turn plus the next assistant header."""
+    return tokenizer.turn("user", observation) + tokenizer.turn_prefix("assistant")
+
+
 def add_observation(tokenizer: Tokenizer, ep: EpisodeTokens, observation: str) -> list[int]:
     """Append an observation turn and the next assistant header; returns the new ids."""
-    ids = tokenizer.turn("user", observation) + tokenizer.turn_prefix("assistant")
+    ids = observation_ids(tokenizer, observation)
     ep.extend_context(ids)
     return ids
 

@@ -37,8 +37,8 @@ from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
 from tidejax.runtime.episode import (
     EpisodeTokens,
     action_text,
-    add_observation,
     close_action,
+    observation_ids,
     open_episode,
 )
 from tidejax.runtime.rollout import RolloutWorker, TurnResult
@@ -160,6 +160,7 @@ class RolloutManager:
         self._round_robin = itertools.count()
         self._idle = asyncio.Event()
         self._idle.set()
+        self.max_pinned_fraction = 0.0  # invariant check: pinned KV tokens / rank budget
 
     # ------------------------------------------------------------------ inputs
     def add_groups(self, tasks: Sequence[Task], group_size: int, is_eval: bool = False,
@@ -273,7 +274,14 @@ class RolloutManager:
             quota_groups=self._quota(), probe_default_tokens=self.config.probe_default_tokens)
 
     def _schedule_ctb(self) -> None:
-        decisions = ctb.decide(self._snapshot())
+        snap = self._snapshot()
+        for rank in snap.ranks:  # cheap run-time invariant: what CTB planned fits the rank
+            usage = self.workers[rank.rank].usage()
+            if rank.budget_tokens:
+                self.max_pinned_fraction = max(self.max_pinned_fraction,
+                                               usage.pinned_tokens / (rank.budget_tokens /
+                                                                     self.config.budget_fraction))
+        decisions = ctb.decide(snap)
         for uid in decisions.pause:
             rec = self._tasks[uid]
             if rec.rank is not None and rec.rank in self.workers:
@@ -385,9 +393,12 @@ class RolloutManager:
             self.counters["task_failures"] += 1
             if rec.rank is not None and rec.rank in self.workers:
                 self.workers[rec.rank].evict(rec.uid)
+            if rec.group.probe_tokens is None:  # the probe died: unblock its siblings
+                rec.group.probe_tokens = max(rec.tokens, self.config.probe_default_tokens)
             if rec.attempts >= self.config.max_task_attempts:
                 rec.state, rec.error = "failed", outcome
                 self.dropped_tasks.append((rec.task.task_id, outcome))
+                self._fail_unstarted_siblings(rec.group)
                 break
             self.counters["task_retries"] += 1
             rec.episode, rec.need_tokens = None, 0
@@ -439,15 +450,30 @@ class RolloutManager:
                 rec.reward = float(result.reward)
                 rec.won = bool(result.info.get("won", rec.reward >= 1.0))
                 return None
-            new_ids = add_observation(self.tokenizer, rec.episode, result.obs)
-            if len(rec.episode) + self.config.max_new_tokens > self.max_seq_len:
-                rec.reward, rec.won = 0.0, False  # context cap: the episode ends unrewarded
+            new_ids = observation_ids(self.tokenizer, result.obs)
+            if len(rec.episode) + len(new_ids) + self.config.max_new_tokens > self.max_seq_len:
+                # Context cap: the episode ends unrewarded, without the observation that
+                # would not fit, so every trajectory fits one training row.
+                rec.reward, rec.won = 0.0, False
                 return None
+            rec.episode.extend_context(new_ids)
             rec.need_tokens = len(new_ids) + self.config.max_new_tokens
             rec.state = "ready"
             self.schedule()
 
     # ------------------------------------------------------------------ groups
+    def _fail_unstarted_siblings(self, group: GroupRecord) -> None:
+        """The group will be dropped anyway: do not start the members still waiting."""
+        for rec in group.tasks[group.admitted:]:
+            rec.state, rec.error = "failed", "group_failed"
+            self.dropped_tasks.append((rec.task.task_id, "group_failed"))
+        if group.admitted < len(group.tasks):
+            if group.admitted == 0 and not group.is_eval:
+                self.outstanding_groups += 1  # balanced by the drop in _maybe_finish_group
+            group.admitted = len(group.tasks)
+            if group in self._pending:
+                self._pending.remove(group)
+
     def _maybe_finish_group(self, group: GroupRecord) -> None:
         if group.finished < len(group.tasks):
             return
