@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
@@ -95,8 +96,14 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int,
-              special_tokens: Sequence[str] = CHAT_SPECIALS) -> Tokenizer:
-    """A byte-level BPE (GPT-2/Qwen style) trained on `texts`, ChatML specials included."""
+              special_tokens: Sequence[str] = CHAT_SPECIALS,
+              added_tokens: Sequence[str] = ()) -> Tokenizer:
+    """A byte-level BPE (GPT-2/Qwen style) trained on `texts`, ChatML specials included.
+
+    `added_tokens` become single ordinary tokens after the `vocab_size` learned ones (for
+    domain identifiers such as product ids, which BPE would otherwise split into many
+    pieces); they decode like normal text.
+    """
     if vocab_size < 256 + len(special_tokens):
         raise ValueError(f"vocab_size must be >= {256 + len(special_tokens)} for a byte-level "
                          f"BPE, got {vocab_size}")
@@ -108,6 +115,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int,
         vocab_size=vocab_size, special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     hf.train_from_iterator(texts, trainer=trainer)
+    if added_tokens:
+        hf.add_tokens([AddedToken(t, normalized=False) for t in added_tokens])
     return Tokenizer(hf)
 
 

@@ -71,7 +71,8 @@ class RunConfig:
     hf_path: str | None = None
     tokenizer_path: str | None = None
     tokenizer_vocab: int = 2048  # BPE trained on the env's text when no tokenizer is given
-    model_vocab_size: int | None = 2048  # resize the preset's embedding (None: keep it)
+    # Resize the preset's embedding (None: keep it): 2048 BPE tokens + 1,500 product ids.
+    model_vocab_size: int | None = 4096
     seed: int = 0
     steps: int = 12
     group_size: int = 4
