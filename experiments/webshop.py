@@ -50,7 +50,10 @@ def config_from_args(args) -> RunConfig:
     if args.env_servers:
         over["env_servers"] = [s for s in args.env_servers.split(",") if s]
     if args.devices is not None:
-        over["topology"] = {"devices": args.devices}
+        rollout = base.topology.rollout_ranks
+        if rollout >= args.devices:  # keep the default split valid on fewer devices
+            rollout = max(1, args.devices // 2)
+        over["topology"] = {"devices": args.devices, "rollout_ranks": rollout}
     if args.sft_steps is not None:
         over["sft"] = {"steps": args.sft_steps}
     if args.quick:  # CI: a few short steps, same code paths

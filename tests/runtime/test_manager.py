@@ -102,3 +102,48 @@ def test_failing_env_drops_whole_groups_with_reason():
         # Each group is either trained whole or dropped whole: never half.
         assert (set(ids) <= set(trained)) != (gid in dropped_groups)
     assert manager.counters["task_failures"] > 0
+
+
+class FailingEngine(MockEngine):
+    """A mock engine whose device step starts raising after `fail_after` decode steps."""
+
+    def __init__(self, *args, fail_after=5, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fail_after = fail_after
+        self.calls = 0
+
+    def generate(self, params, decode_state):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("injected device failure")
+        return super().generate(params, decode_state)
+
+
+@pytest.mark.parametrize("scheduler", ["ctb", "request"])
+def test_failed_rank_is_quarantined_and_every_task_still_trains(scheduler):
+    async def go():
+        tok = tiny_tokenizer()
+        pool = EnvPool(PoolConfig(capacity=32), env_factory=local_env_factory(),
+                       latency=LatencyModel.default(time_scale=0.01, seed=0))
+        engines = {0: MockEngine(engine_config(), vocab_size=tok.vocab_size),
+                   1: FailingEngine(engine_config(), vocab_size=tok.vocab_size, fail_after=6),
+                   2: MockEngine(engine_config(), vocab_size=tok.vocab_size)}
+        workers = {r: RolloutWorker(r, e, pin_after_turn=scheduler == "ctb")
+                   for r, e in engines.items()}
+        buffer = GlobalBuffer(staleness_bound=8, micro_batch_tokens=4096)
+        cfg = RolloutConfig(scheduler=scheduler, max_new_tokens=8, batch_groups=6,
+                            staleness_bound=8)
+        manager = RolloutManager(cfg, workers, pool, tok, buffer, "webshop", max_seq_len=1536)
+        tasks = make_tasks("webshop", "train", 6, GROUP, seed=3, max_turns=3)
+        manager.add_groups(tasks, GROUP)
+        await asyncio.wait_for(manager.wait_idle(), timeout=120)
+        for w in manager.workers.values():
+            w.stop()
+        await pool.aclose()
+        return manager, buffer, tasks
+
+    manager, buffer, tasks = asyncio.run(go())
+    assert manager.quarantined == {1} and 1 not in manager.workers
+    trained = [tid for g in buffer.take(100, 0) for tid in g.payload.task_ids]
+    assert sorted(trained) == sorted(t.task_id for t in tasks)  # none lost, none twice
+    assert manager.counters["turns_reissued"] >= 1

@@ -160,6 +160,7 @@ class Controller:
     async def _apply_partition(self, partition: ers.Partition, manager: RolloutManager,
                                state: TrainState | None) -> TrainState | None:
         rollout, ref, actor = self._roles(partition)
+        rollout = [d for d in rollout if d.id not in manager.quarantined]
         want = {d.id for d in rollout}
         for rank in [r for r in manager.workers if r not in want]:
             manager.close_rank(rank)

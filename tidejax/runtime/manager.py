@@ -41,7 +41,7 @@ from tidejax.runtime.episode import (
     observation_ids,
     open_episode,
 )
-from tidejax.runtime.rollout import RolloutWorker, TurnResult
+from tidejax.runtime.rollout import RankFailed, RolloutWorker, TurnResult
 from tidejax.sched import ctb, staleness
 from tidejax.serving.config import SamplingParams
 from tidejax.serving.loop import Request
@@ -112,6 +112,7 @@ class GroupRecord:
     eval_version: int = -1  # evaluation groups: the policy version they measure
     probe_tokens: int | None = None
     admitted: int = 0
+    route: int | None = None  # request-level: the rank its tasks are sent to
 
     @property
     def finished(self) -> int:
@@ -161,6 +162,7 @@ class RolloutManager:
         self._idle = asyncio.Event()
         self._idle.set()
         self.max_pinned_fraction = 0.0  # invariant check: pinned KV tokens / rank budget
+        self.quarantined: set[int] = set()  # failed ranks: never placed on or synced again
 
     # ------------------------------------------------------------------ inputs
     def add_groups(self, tasks: Sequence[Task], group_size: int, is_eval: bool = False,
@@ -205,6 +207,26 @@ class RolloutManager:
     def close_rank(self, rank: int) -> None:
         """Stop placing work on `rank`; its tasks are re-homed as their turns end."""
         self.closing.add(rank)
+        self.schedule()
+
+    def quarantine(self, rank: int) -> None:
+        """Take a failed rank out of service; its tasks resume elsewhere with a fresh prefill."""
+        if rank in self.quarantined:
+            return
+        self.quarantined.add(rank)
+        log.warning("quarantining rollout rank %d", rank)
+        if rank in self.workers:
+            self.workers.pop(rank).stop(timeout=1.0)
+        self.closing.discard(rank)
+        for rec in self._tasks.values():
+            if rec.home == rank:
+                rec.home = None
+            if rec.rank == rank:
+                rec.rank = None
+                rec.can_run.clear()
+                if rec.state == "ready":
+                    rec.state = "paused"
+        self.counters["ranks_quarantined"] = len(self.quarantined)
         self.schedule()
 
     def rank_drained(self, rank: int) -> bool:
@@ -328,7 +350,9 @@ class RolloutManager:
             if not group.is_eval and group.admitted == 0 and (
                     self.outstanding_groups >= self._quota()):
                 break
-            rank = open_ranks[group.uid % len(open_ranks)]  # a group shares a rank (prefix)
+            if group.admitted == 0 or group.route not in open_ranks:  # groups round-robin;
+                group.route = open_ranks[next(self._round_robin) % len(open_ranks)]
+            rank = group.route  # a group's tasks share a rank (their common prompt prefix)
             self._start_next_task(group, rank)
             live += 1
 
@@ -430,7 +454,14 @@ class RolloutManager:
                 continue
             rec.state = "generating"
             rec.home = rec.rank
-            turn = await self._generate(rec)
+            try:
+                turn = await self._generate(rec)
+            except RankFailed as failure:
+                # The turn is lost with its rank, the episode is not: resume it elsewhere.
+                rec.state = "ready"
+                self.quarantine(failure.rank)
+                self.counters["turns_reissued"] = self.counters.get("turns_reissued", 0) + 1
+                continue
             comp = turn.completion
             self.counters["turns"] += 1
             self.counters["prompt_tokens"] += len(comp.prompt_token_ids)

@@ -54,6 +54,15 @@ class TaskPinPolicy:
         return max(running, key=lambda r: (r.admitted_step, r.slot)).slot
 
 
+class RankFailed(RuntimeError):
+    """A rollout rank's engine raised; the rank is out of service."""
+
+    def __init__(self, rank: int, cause: BaseException | None = None):
+        super().__init__(f"rollout rank {rank} failed: {cause!r}")
+        self.rank = rank
+        self.cause = cause
+
+
 @dataclasses.dataclass(frozen=True)
 class TurnResult:
     """A finished turn as the rollout manager sees it."""
@@ -97,6 +106,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------ commands (any thread)
     def submit(self, request: Request, on_done: Callable[[TurnResult | BaseException], None]):
+        if self.failed is not None:  # a dead rank answers at once instead of never
+            on_done(RankFailed(self.rank, self.failed))
+            return
         self._commands.put(("submit", request, on_done))
 
     def pin(self, task_id: Hashable) -> None:
@@ -151,9 +163,19 @@ class RolloutWorker:
         except BaseException as e:  # a dead rank must be visible, and its requests answered
             log.exception("rollout rank %d failed", self.rank)
             self.failed = e
+            error = RankFailed(self.rank, e)
             for callback in self._callbacks.values():
-                callback(e)
+                callback(error)
             self._callbacks.clear()
+            while True:  # submissions that raced with the failure get answered too
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if command[0] == "submit":
+                    command[2](error)
+                elif command[0] == "weights":
+                    command[3].set()
         finally:
             self._stopped.set()
 

@@ -18,11 +18,13 @@ first time a partition is seen.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tidejax.metrics import TraceRecorder
@@ -34,6 +36,8 @@ from tidejax.rl.state import TrainState
 from tidejax.rl.trainer import Trainer, make_trainer
 from tidejax.sched import microbatch
 from tidejax.sched.microbatch import pack_rows
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,32 +53,42 @@ class StepReport:
     metrics: dict
 
 
+@jax.jit
+def _all_finite(accum) -> jax.Array:
+    leaves = jax.tree.leaves(accum.grads) + [accum.metrics["loss"]]
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
 def _bucket_rows(rows: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(rows, 1))))
 
 
 class TrainerRunner:
     def __init__(self, model_config: ModelConfig, rl_config: RLConfig, row_len: int,
-                 micro_batch_tokens: int, ref_params_host, trace: TraceRecorder | None = None):
+                 micro_batch_tokens: int, ref_params_host, trace: TraceRecorder | None = None,
+                 compiler_options: dict | None = None):
         self.model_config = model_config
         self.rl_config = rl_config
         self.row_len = row_len
         self.micro_batch_tokens = micro_batch_tokens
         self.ref_params_host = ref_params_host  # numpy pytree; the reference never changes
         self.trace = trace
+        self.compiler_options = compiler_options
         self._trainers: dict[tuple, Trainer] = {}
         self._ref_on: dict[tuple, object] = {}
         self.actor: Trainer | None = None
         self.ref: Trainer | None = None
         self.actor_devices: tuple = ()
         self.ref_devices: tuple = ()
+        self.skipped_updates = 0
 
     # ------------------------------------------------------------------ placement
     def trainer_for(self, devices: Sequence[jax.Device]) -> Trainer:
         key = tuple(d.id for d in devices)
         if key not in self._trainers:
             mesh = make_mesh(list(devices), data=1, fsdp=-1, tensor=1)
-            self._trainers[key] = make_trainer(self.model_config, self.rl_config, mesh)
+            self._trainers[key] = make_trainer(self.model_config, self.rl_config, mesh,
+                                               compiler_options=self.compiler_options)
         return self._trainers[key]
 
     def place(self, state: TrainState | None, actor_devices: Sequence[jax.Device],
@@ -184,6 +198,13 @@ class TrainerRunner:
         return accum, timings
 
     def finish(self, state: TrainState, accum) -> tuple[TrainState, dict]:
+        """Apply the accumulated update, unless the loss or a gradient is not finite: then
+        the update is skipped (parameters and optimizer state untouched) and reported."""
+        if not bool(_all_finite(accum)):
+            self.skipped_updates += 1
+            log.warning("non-finite loss or gradient: update skipped (%d so far)",
+                        self.skipped_updates)
+            return state, {"skipped_update": 1.0}
         state, metrics = self.actor.apply_update(state, accum)
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
 
