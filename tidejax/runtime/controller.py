@@ -141,7 +141,11 @@ class Controller:
 
     def _roles(self, partition: ers.Partition):
         if self.system == "sync":
-            return self.devices, [], self.devices
+            # Phases share the devices: every device rolls out; training uses the same number
+            # of devices as the asynchronous trainers, so no system gets a bigger trainer
+            # (on fake CPU devices a wider FSDP mesh only adds collectives).
+            n_train = len(self.devices) - self.cfg.topology.rollout_ranks
+            return self.devices, [], self.devices[-n_train:]
         return assign_devices(partition, self.devices)
 
     def _engine(self, device):
@@ -246,9 +250,11 @@ class Controller:
                 self.buffer.begin_step()
                 wait_start = time.perf_counter()
                 target = plan.batch_groups if self.system == "tide" else cfg.batch_groups
+                if self.system == "sync":  # the batch is whatever survived (drops counted)
+                    target = self.buffer.wait_for(target, self.version, timeout=0)
                 while self.buffer.wait_for(target, self.version, timeout=0) < target:
                     await asyncio.sleep(0.005)
-                    self._top_up(manager) if self.system != "sync" else None
+                    self._top_up(manager)
                 twt = time.perf_counter() - wait_start if self.system != "sync" else (
                     time.perf_counter() - step_start)
                 groups = self.buffer.take(target, self.version)
@@ -296,7 +302,8 @@ class Controller:
                 record = StepRecord(
                     step=step + 1, version=self.version, mode=timings["mode"],
                     partition=(partition.rollout, partition.ref, partition.actor)
-                    if self.system != "sync" else (len(self.devices), 0, len(self.devices)),
+                    if self.system != "sync" else (len(self.devices), 0,
+                                                   len(self._roles(partition)[2])),
                     batch_groups=len(groups), consumed_tokens=consumed,
                     train_reward=float(np.mean([t.reward for t in trajectories]))
                     if trajectories else 0.0,
