@@ -1,0 +1,346 @@
+"""Reproduce the paper's comparisons on the simulated 32-GPU cluster.
+
+    python -m tidejax.experiments.simulate --table e2e        # all systems, 3 workloads
+    python -m tidejax.experiments.simulate --table ablation   # StreamRL -> +RA2P -> +ERS -> +CTB
+    python -m tidejax.experiments.simulate --table ctb        # 1312 WebShop tasks, one H100
+    python -m tidejax.experiments.simulate --table ra2p       # 8 ready micro-batches, 4 H100
+    python -m tidejax.experiments.simulate --table ers        # RWT + TWT vs fixed ratios
+    python -m tidejax.experiments.simulate --table workload   # tail statistics of a workload
+
+``--workload FILE`` (TOML or JSON, the :class:`tidejax.sim.workload.WorkloadSpec` layout;
+``--dump-workload text-7b`` prints a template) replaces the preset workloads. JSON results
+and PNG timelines go under ``--out`` (default ``runs/simulate``, git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from tidejax.sim import tables, workload
+from tidejax.sim.config import SimConfig
+from tidejax.sim.costs import SwitchConstants
+
+
+def _fmt_row(cols, widths):
+    return "  ".join(
+        str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cols, widths))
+    )
+
+
+def _print_table(header, rows, widths):
+    print(_fmt_row(header, widths))
+    for r in rows:
+        print(_fmt_row(r, widths))
+
+
+def _jsonable(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
+
+
+def _dump(out: Path, name: str, data) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(_jsonable(data), indent=1, default=str))
+    return path
+
+
+def _specs(args) -> list[workload.WorkloadSpec]:
+    if args.workload:
+        return [workload.load(args.workload)]
+    return [workload.preset(name) for name in tables.E2E_WORKLOADS]
+
+
+def table_e2e(args, cfg) -> None:
+    blocks = []
+    for spec in _specs(args):
+        t0 = time.time()
+        block = tables.e2e(spec, cfg, args.sweep_steps, args.jobs)
+        blocks.append(block)
+        b = block["ideal"]
+        print(
+            f"\n== e2e: {spec.name}, {cfg.steps} steps, {cfg.n_gpus} GPUs "
+            f"(ideal bound {b.goodput:,.0f} tok/s; {time.time() - t0:.0f}s to simulate)"
+        )
+        rows = [
+            [
+                r["system"],
+                f"{r['goodput']:,.0f}",
+                f"{r['x_sync']:.2f}",
+                f"{r['x_best_async']:.2f}",
+                f"{r['of_ideal']:.2f}",
+                f"{r['rwt_gpu_h']:.2f}",
+                f"{r['twt_gpu_h']:.2f}",
+                f"{r['kv_hit']:.3f}",
+                f"{r['staleness']:.2f}/{r['max_staleness']}",
+                f"{r['step_s']:.1f}",
+            ]
+            for r in tables.e2e_rows(block)
+        ]
+        _print_table(
+            [
+                "system",
+                "goodput tok/s",
+                "x sync",
+                "x best async",
+                "of ideal",
+                "RWT GPU-h",
+                "TWT GPU-h",
+                "KV hit",
+                "staleness",
+                "step s",
+            ],
+            rows,
+            [15, 13, 6, 12, 8, 9, 9, 6, 9, 6],
+        )
+        sweep = {k: [(r.system, round(r.goodput)) for r in v] for k, v in block["swept"].items()}
+        print(f"   fixed-ratio sweep ({args.sweep_steps} steps): {sweep}")
+        _print_breakdown(block["results"])
+        folder = args.out / "e2e" / spec.name
+        tables.save_timelines(block["results"], folder)
+        _dump(
+            args.out / "e2e",
+            spec.name,
+            {
+                "workload": spec,
+                "config": cfg,
+                "ideal": b,
+                "rows": tables.e2e_rows(block),
+                "runs": [r.summary() for r in block["results"]],
+                "sweep": {k: [r.summary() for r in v] for k, v in block["swept"].items()},
+            },
+        )
+    print(f"\nJSON and PNG timelines under {args.out / 'e2e'}")
+    main = next((b for b in blocks if b["spec"].name == "text-qwen2.5-7b"), blocks[0])
+    tide = next(r for r in tables.e2e_rows(main) if r["system"] == "tidejax")
+    print(
+        f"tide_over_sync={tide['x_sync']:.2f} tide_over_best_async={tide['x_best_async']:.2f} "
+        f"tide_over_ideal={tide['of_ideal']:.2f}"
+    )
+
+
+def _print_breakdown(results) -> None:
+    kinds = [
+        "decode",
+        "prefill",
+        "recompute",
+        "ref",
+        "actor",
+        "swap",
+        "sync",
+        "switch",
+        "idle_rollout_throttled",
+        "idle_rollout_other",
+        "idle_trainer",
+    ]
+    print("   where the GPU-hours go:")
+    print("   " + _fmt_row(["system"] + kinds, [15] + [9] * len(kinds)))
+    for r in results:
+        vals = [f"{r.breakdown.get(k, 0.0) / 3600:.2f}" for k in kinds]
+        print("   " + _fmt_row([r.system] + vals, [15] + [9] * len(kinds)))
+
+
+def table_ablation(args, cfg) -> None:
+    spec = workload.load(args.workload) if args.workload else workload.preset("osworld")
+    swept = tables.sweep(workload_family("streamrl"), spec, cfg, args.sweep_steps, args.jobs)
+    start = float(max(swept, key=lambda r: r.goodput).system.split("@")[1])
+    res = tables.ablation(spec, cfg, start, args.jobs)
+    print(f"== ablation on {spec.name} (all start from StreamRL's best split {start:g})")
+    base = res[0].goodput
+    rows, prev = [], base
+    for r in res:
+        first = r.extra.get("first_step_s")
+        rows.append(
+            [
+                r.system,
+                f"{r.goodput:,.0f}",
+                f"{r.goodput / base:.3f}",
+                f"{100 * (r.goodput / prev - 1):+.1f}%",
+                f"{r.rwt_gpu_s / 3600:.2f}",
+                f"{r.twt_gpu_s / 3600:.2f}",
+                f"{r.breakdown.get('swap', 0) / 3600:.2f}",
+                f"{r.kv_hit_rate:.3f}",
+                f"{first:.1f}" if first else "-",
+            ]
+        )
+        prev = r.goodput
+    _print_table(
+        [
+            "system",
+            "goodput",
+            "x base",
+            "step gain",
+            "RWT GPU-h",
+            "TWT GPU-h",
+            "swap GPU-h",
+            "KV hit",
+            "1st step s",
+        ],
+        rows,
+        [15, 10, 7, 9, 9, 9, 10, 6, 10],
+    )
+    _print_breakdown(res)
+    tables.save_timelines(res, args.out / "ablation")
+    _dump(args.out, "ablation", [r.summary() for r in res])
+
+
+def workload_family(name):
+    from tidejax.sim import systems
+
+    return {"areal": systems.areal, "streamrl": systems.streamrl}[name]
+
+
+def table_ctb(args, cfg) -> None:
+    rows = tables.ctb_bench(n=args.jobs)
+    print("== CTB: one rollout step of 1312 WebShop tasks on one H100 (Qwen2.5-7B)")
+    _print_table(
+        ["policy", "KV hit", "gen tok/s", "step s", "recompute GPU-s", "pauses"],
+        [
+            [
+                r["policy"],
+                f"{r['kv_hit_rate']:.3f}",
+                f"{r['gen_tok_s']:,.0f}",
+                f"{r['step_s']:.1f}",
+                f"{r['recompute_gpu_s']:.1f}",
+                r["pauses"],
+            ]
+            for r in rows
+        ],
+        [14, 7, 10, 8, 15, 7],
+    )
+    req, ctb_ = rows
+    print(
+        f"ctb_hit_gain={ctb_['kv_hit_rate'] / max(req['kv_hit_rate'], 1e-9):.2f} "
+        f"ctb_gen_gain={ctb_['gen_tok_s'] / req['gen_tok_s']:.2f} "
+        f"ctb_step_cut={1 - ctb_['step_s'] / req['step_s']:.3f}"
+    )
+    _dump(args.out, "ctb", rows)
+
+
+def table_ra2p(args, cfg) -> None:
+    res = tables.ra2p_bench()
+    print("== RA2P: 8 ready micro-batches of 8192 tokens on 4 H100 (Qwen2.5-7B), step seconds")
+    rows = []
+    for layout, r in res.items():
+        t = r["step_s"]
+        rows.append(
+            [
+                layout,
+                f"{t['VS']:.2f}",
+                f"{t['VSO']:.2f}",
+                f"{t['CM']:.2f}",
+                f"{t['DM']:.2f}",
+                f"{r['swap_s']:.2f}",
+                r["ra2p_mode"],
+                f"{r['ra2p_over_vso']:.3f}",
+            ]
+        )
+    _print_table(
+        ["layout", "VS", "VSO", "CM", "DM", "swap s", "RA2P picks", "RA2P/VSO"],
+        rows,
+        [11, 6, 6, 6, 6, 7, 10, 8],
+    )
+    print(
+        "VS: streaming, both models resident (actor recomputes activations); VSO: streaming "
+        "with offload; CM/DM: RA2P colocated (aggregated) / decoupled (1 Ref + 3 Actor)"
+    )
+    print(f"ra2p_over_vso={res['replicated']['ra2p_over_vso']:.3f}")
+    _dump(args.out, "ra2p", res)
+
+
+def table_ers(args, cfg) -> None:
+    res = tables.ers_bench(cfg, args.jobs)
+    print(f"== ERS: WebShop on one 8-GPU node, {cfg.steps} steps (CTB + RA2P in every run)")
+    fixed = [r for r in res if r.system.startswith("fixed@")]
+    best = max(fixed, key=lambda r: r.goodput)
+    rows = []
+    for r in res:
+        wait = (r.rwt_gpu_s + r.twt_gpu_s) / 3600
+        rows.append(
+            [
+                r.system,
+                f"{r.goodput:,.0f}",
+                f"{r.rwt_gpu_s / 3600:.2f}",
+                f"{r.twt_gpu_s / 3600:.2f}",
+                f"{wait:.2f}",
+                f"{(r.rwt_gpu_s + r.twt_gpu_s) / (best.rwt_gpu_s + best.twt_gpu_s):.2f}",
+            ]
+        )
+    _print_table(
+        ["system", "goodput", "RWT GPU-h", "TWT GPU-h", "RWT+TWT", "/ best fixed"],
+        rows,
+        [12, 9, 9, 9, 8, 12],
+    )
+    ers = res[-1]
+    print(f"best fixed ratio by goodput: {best.system}")
+    print(
+        f"ers_wait_over_best_fixed="
+        f"{(ers.rwt_gpu_s + ers.twt_gpu_s) / (best.rwt_gpu_s + best.twt_gpu_s):.3f} "
+        f"ers_goodput_over_best_fixed={ers.goodput / best.goodput:.3f}"
+    )
+    tables.save_timelines(res, args.out / "ers")
+    _dump(args.out, "ers", [r.summary() for r in res])
+
+
+def table_workload(args, cfg) -> None:
+    print("== workload tails (synchronous run; calibration rows workload.*)")
+    for spec in _specs(args):
+        t = tables.workload_tails(spec)
+        print(f"{spec.name:22s} " + " ".join(f"{k}={v:.2f}" for k, v in t.items()))
+
+
+TABLES = {
+    "e2e": table_e2e,
+    "ablation": table_ablation,
+    "ctb": table_ctb,
+    "ra2p": table_ra2p,
+    "ers": table_ers,
+    "workload": table_workload,
+}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--table", choices=sorted(TABLES), default="e2e")
+    p.add_argument("--workload", type=Path, help="workload description (TOML or JSON)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument(
+        "--sweep-steps",
+        type=int,
+        default=25,
+        help="steps of each fixed-ratio sweep run (the best ratio reruns in full)",
+    )
+    p.add_argument("--staleness", type=int, default=SimConfig().staleness_bound)
+    p.add_argument(
+        "--switch-cost",
+        choices=("hidden", "measured"),
+        default="hidden",
+        help="ERS role switch hidden under the weight sync (TideRL) or charged PEARL's c_in/c_out",
+    )
+    p.add_argument("--jobs", type=int, default=tables.default_jobs())
+    p.add_argument("--out", type=Path, default=Path("runs/simulate"))
+    p.add_argument("--dump-workload", metavar="PRESET", choices=tables.E2E_WORKLOADS,
+                   help="print a preset as JSON (a template for --workload) and exit")
+    args = p.parse_args(argv)
+    if args.dump_workload:
+        print(json.dumps(_jsonable(workload.preset(args.dump_workload)), indent=1))
+        return
+    switch = SwitchConstants(ers_hidden_under_sync=args.switch_cost == "hidden")
+    cfg = SimConfig(steps=args.steps, staleness_bound=args.staleness, switch=switch)
+    TABLES[args.table](args, cfg)
+
+
+if __name__ == "__main__":
+    main()

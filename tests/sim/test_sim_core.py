@@ -1,0 +1,134 @@
+"""Simulator building blocks: decode timing, workload stream, cost models, ideal bound."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidejax.sched.perf import DecodeCurve, HardwareSpec, ModelSpec
+from tidejax.sim import workload as wl
+from tidejax.sim.costs import CostModel
+from tidejax.sim.metrics import Ledger
+from tidejax.sim.rollout import Rank
+
+CURVE = DecodeCurve.of(ModelSpec.qwen25_7b(), HardwareSpec.h100())
+
+
+def brute(curve, batch, ctx, k):
+    total = 0.0
+    for i in range(k):
+        mem = curve.a + curve.b * (ctx + i * batch)
+        total += max(mem, curve.c * batch) + curve.ovh
+    return total / curve.derate if ctx < curve.short_ctx * batch else total
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 3_000_000), st.integers(0, 600))
+def test_decode_closed_form_matches_iteration_sum(batch, ctx, k):
+    assert CURVE.iters_time(batch, ctx, k) == pytest.approx(brute(CURVE, batch, ctx, k), rel=1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 3_000_000), st.floats(0, 30))
+def test_iters_within_is_the_inverse(batch, ctx, dt):
+    k = CURVE.iters_within(batch, ctx, dt)
+    assert CURVE.iters_time(batch, ctx, k) <= dt + 1e-12
+    assert CURVE.iters_time(batch, ctx, k + 1) > dt
+
+
+def test_calibrated_rates_match_calibration_rows():
+    cost = CostModel(ModelSpec.qwen25_7b(), HardwareSpec.h100())
+    assert CURVE.a == pytest.approx(5.7e-3, rel=0.02)  # dec.q7b.h100.t_weights
+    assert CURVE.b == pytest.approx(2.14e-8, rel=0.02)  # dec.q7b.h100.t_per_ctx_token
+    assert 2.6e4 <= 1e4 / cost.prefill(1e4, 0) <= 3.9e4  # pf.q7b.h100.tok_s
+    assert 6.5e3 <= 1e4 / cost.train(1e4, 1e4 * 512, 1) <= 9e3  # train.q7b.h100.tok_s
+    assert cost.ref(1e4, 0, 1) == pytest.approx(cost.train(1e4, 0, 1) / 3)
+    assert 0.3 <= cost.engine_wake() <= 0.44  # offload.q7b.full_copy_pcie
+    assert 1.0 < cost.sync() < 2.0  # W / bcast + fixed
+
+
+def test_rank_turn_timing_by_hand():
+    cost = CostModel(ModelSpec.qwen25_7b(), HardwareSpec.h100())
+    led = Ledger(1, 1.0)
+    r = Rank(0, (0,), cost, 0.0, led)
+
+    class G:
+        uid = 0
+        draw = wl.GroupDraw(0, 0, 100, [wl.Trajectory([50], [], [])])
+
+    from tidejax.sim.rollout import SimTask
+
+    task = SimTask(0, G, 0)
+    r.join(task, 1.0, prefill_s=0.2, recompute_s=0.05)
+    expect = 1.2 + CURVE.iters_time(1, 100, 50)
+    assert r.next_event() == pytest.approx(expect)
+    assert r.finish() == [task] and r.t0 == pytest.approx(expect)
+    assert task.ctx == 150 and r.B == 0
+    r.close_idle(expect + 1)
+    assert led.totals["prefill"] == pytest.approx(0.15)
+    assert led.totals["recompute"] == pytest.approx(0.05)
+
+
+def test_workload_stream_is_deterministic_and_consistent():
+    spec = wl.preset("text-7b")
+    a, b = wl.TaskStream(spec), wl.TaskStream(spec)
+    for i in range(20):
+        ga, gb = a.group(i), b.group(i)
+        assert ga.prompt == gb.prompt and ga.trajectories == gb.trajectories
+        t = spec.types[ga.type_index]
+        for tr in ga.trajectories:
+            assert 1 <= tr.turns <= t.max_turns
+            assert len(tr.obs) == len(tr.env) == tr.turns - 1
+            assert all(1 <= r <= 512 for r in tr.responses)
+            assert wl.context_after(t, ga.prompt, tr, tr.turns - 1) <= t.context_cap
+    assert a.eval_group(0).is_eval and len(a.eval_group(0).trajectories) == 1
+
+
+def test_windowed_workload_trains_every_turn():
+    spec = wl.preset("osworld")
+    g = wl.TaskStream(spec).group(0)
+    t = spec.types[0]
+    tr = max(g.trajectories, key=lambda x: x.turns)
+    tok, _ = wl.train_tokens(t, g.prompt, tr)
+    assert tok > tr.turns * g.prompt  # one sample per turn
+    assert wl.context_after(t, g.prompt, tr, tr.turns - 1) < g.prompt + 4 * 4000
+
+
+def test_workload_from_toml_and_json(tmp_path):
+    toml = tmp_path / "w.toml"
+    toml.write_text("""
+name = "tiny"
+model = "qwen2.5-7b"
+batch_groups = 4
+b_min_groups = 2
+[[types]]
+name = "t"
+weight = 1.0
+prompt_tokens = {median = 300, p99 = 400}
+response_tokens = {median = 50, p99 = 200, lo = 1, hi = 512}
+obs_tokens = 40
+env_s = {median = 0.1, p99 = 1.0}
+success_prob = 0.5
+success_turns = {median = 3, p99 = 6, lo = 1, hi = 8}
+max_turns = 8
+context_cap = 4096
+""")
+    spec = wl.load(toml)
+    assert spec.batch_groups == 4 and spec.types[0].obs_tokens.median == 40
+    data = json.loads(json.dumps({**dataclasses.asdict(spec)}, default=str))
+    jpath = tmp_path / "w.json"
+    jpath.write_text(json.dumps(data))
+    assert wl.load(jpath) == spec
+    with pytest.raises(ValueError, match="unknown workload keys"):
+        wl.from_dict({**data, "bogus": 1})
+
+
+def test_ideal_bound_is_positive_and_scales():
+    spec = dataclasses.replace(wl.preset("text-7b"), batch_groups=4, b_min_groups=2)
+    from tidejax.sim.ideal import ideal
+
+    one, two = ideal(spec, 2, 8), ideal(spec, 2, 16)
+    assert one.goodput > 0 and math.isclose(two.wall_s, one.wall_s / 2)

@@ -1,0 +1,60 @@
+"""The compared systems, all on the same cluster, workload and constants.
+
+* ``sync`` (veRL-like): colocated, phase barriers, request-level engine.
+* ``areal@x`` (AReaL-like): fixed rollout fraction ``x``, request-level engine, the trainer
+  waits for the whole batch (one aggregated Ref phase).
+* ``streamrl@x`` (StreamRL-like): fixed fraction, request-level engine, per-micro-batch
+  Ref/Actor alternation with swaps.
+* ``bidirl`` (BiDiRL-like): static planner partition, request-level engine, batch trainer,
+  bidirectional borrowing.
+* ``tidejax``: CTB + RA2P + ERS from an even split (cold start at maximum rollout).
+* ``tidejax+bidirl``: the planner's partition as ERS's start, plus borrowing.
+"""
+
+from __future__ import annotations
+
+from tidejax.sim.cluster import Cluster
+from tidejax.sim.config import SimConfig, SystemSpec
+from tidejax.sim.elastic import Elastic
+from tidejax.sim.metrics import RunResult
+from tidejax.sim.workload import WorkloadSpec
+
+RATIOS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)  # TideRL sweeps 0.125 ... 0.75
+
+
+def sync() -> SystemSpec:
+    return SystemSpec("sync", sync=True)
+
+
+def areal(x: float) -> SystemSpec:
+    return SystemSpec(f"areal@{x:g}", rollout_fraction=x, trainer="batch")
+
+
+def streamrl(x: float) -> SystemSpec:
+    return SystemSpec(f"streamrl@{x:g}", rollout_fraction=x, trainer="stream")
+
+
+def bidirl() -> SystemSpec:
+    return SystemSpec("bidirl", planner=True, trainer="batch", borrowing=True)
+
+
+def tidejax(start: float = 0.5) -> SystemSpec:
+    """ERS starts from an even split (no sweep, no planner) and adapts one rank per step."""
+    return SystemSpec("tidejax", rollout="ctb", trainer="ra2p", ers=True, rollout_fraction=start)
+
+
+def tidejax_bidirl() -> SystemSpec:
+    return SystemSpec(
+        "tidejax+bidirl", rollout="ctb", trainer="ra2p", ers=True, planner=True, borrowing=True
+    )
+
+
+def build(system: SystemSpec, spec: WorkloadSpec, cfg: SimConfig) -> Cluster:
+    cl = Cluster(system, spec, cfg)
+    if not system.sync:
+        cl.elastic = Elastic(cl)
+    return cl
+
+
+def run(system: SystemSpec, spec: WorkloadSpec, cfg: SimConfig) -> RunResult:
+    return build(system, spec, cfg).run()
