@@ -10,6 +10,7 @@ its environment wait, request-level serving releases them (cached, LRU-evictable
 from __future__ import annotations
 
 from tidejax.sched import ctb, request_level
+from tidejax.serving.page_pool import PoolFull
 from tidejax.sim.rollout import Rank, SimTask
 
 
@@ -99,10 +100,25 @@ class CtbDriver(_Driver):
         )
 
     def _start(self, task: SimTask, r: Rank, t: float) -> None:
+        """Run the task's turn on ``r``: pause victims first if the rank is over budget (its
+        admission used the probed estimate), and pause the task itself if the pool still
+        cannot hold it."""
+        if r.used > r.budget:
+            self._overflow(r, t)
+            if task.paused:
+                return
         if r.B >= self.max_running:
             r.queue.append(task)
-        else:
+            return
+        try:
             self.cl.start_turn(task, r, t)
+        except PoolFull:
+            self._pause(task, t)
+
+    def _overflow(self, r: Rank, t: float, task: SimTask | None = None, need: int = 0) -> None:
+        """CTB's pause decision for one rank whose residents (plus ``need``) exceed its budget."""
+        states = [self._task_state(x, need if x is task else 0) for x in r.resident]
+        self.apply(ctb.decide(self._snapshot([r], states)), t)
 
     # ------------------------------------------------------------- decisions
     def _snapshot(self, ranks, resident=(), paused=(), pending=()) -> ctb.CtbSnapshot:
@@ -176,8 +192,7 @@ class CtbDriver(_Driver):
         r = task.rank
         need = self.fp(task.ctx + task.resp_left) - task.footprint
         if r.used + need > r.budget:
-            others = [self._task_state(x, need if x is task else 0) for x in r.resident]
-            self.apply(ctb.decide(self._snapshot([r], others)), t)
+            self._overflow(r, t, task, need)
             if task.paused:
                 return
         r.used += need
@@ -196,7 +211,11 @@ class CtbDriver(_Driver):
 
     def drain(self, r: Rank, t: float) -> None:
         while r.queue and r.B < self.max_running:
-            self.cl.start_turn(r.queue.pop(0), r, t)
+            task = r.queue.pop(0)
+            try:
+                self.cl.start_turn(task, r, t)
+            except PoolFull:
+                self._pause(task, t)
 
     def abort(self, task: SimTask, t: float) -> None:
         self.paused.pop(task.task_id, None)
