@@ -132,6 +132,7 @@ def plans(draw):
         eval_phase=draw(st.booleans()),
         rollout_scaled_down=draw(st.booleans()),
         last_pressure=draw(st.sampled_from([-1, 0, 1])),
+        since_move=draw(st.integers(0, 5)),
     )
     return s, part
 

@@ -9,9 +9,11 @@ match wins:
    move one trainer rank (a Ref rank first) to rollout and run colocated.
 2. **Consumption deficit**: ready data outruns the trainer - the oldest ready micro-batch
    has waited more than ``tau * T_step`` (head-of-line latency), a full batch is already
-   ready at the boundary, micro-batches arrived faster (TPRM) than the trainer serves one,
-   rollout idled behind the staleness bound (RWT > ``theta``) while the trainer barely
-   waited (TWT <= ``theta / 2``), or RAS is past the break-even point at which a
+   ready at the boundary, micro-batches arrived faster (TPRM) than the trainer serves one
+   while it barely waited (TWT <= ``theta / 2``), rollout idled behind the staleness bound
+   (RWT > ``theta``) with at least ``B_min`` groups waiting and the trainer barely waiting
+   (throttled by data the trainer has not consumed, not by slow groups), or RAS is past
+   the break-even point at which a
    decoupled pipeline on the trainer plus one reclaimed rank costs fewer GPU-seconds than
    colocated on the current trainer.
    Reclaim one rollout rank - as a Ref rank while the decoupled pipeline would be
@@ -25,7 +27,9 @@ match wins:
 
 Deliberately conservative (as TideRL describes its plans): a deficit moves a rank only when
 the previous boundary showed the same deficit (``Signals.last_pressure``, fed back from
-``Plan.pressure``), so one noisy step does not move GPUs back and forth.
+``Plan.pressure``) and ``cooldown`` boundaries have passed since the last move (the buffer
+reflects a move only a step or two later), so noise and lag do not swing GPUs back and forth.
+Preemptive generation is exempt.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ class ErsConfig:
     min_rollout: int = 1  # ranks
     min_actor: int = 1  # ranks that hold the sharded train state
     tau: float = 1.0  # head-of-line threshold, in units of the average step time
-    theta: float = 0.1  # share of a step the trainer waited (TWT) that counts as a deficit
+    theta: float = 0.1  # share of a step spent waiting (TWT or RWT) that counts [A]
+    cooldown: int = 2  # boundaries after a move before the next one (the buffer lags) [A]
 
     def __post_init__(self) -> None:
         if not 0 < self.b_min <= self.b_ideal:
@@ -84,6 +89,8 @@ class ErsConfig:
             raise ValueError("ErsConfig.tau must be positive")
         if not 0 < self.theta < 1:
             raise ValueError("ErsConfig.theta must be in (0, 1)")
+        if self.cooldown < 1:
+            raise ValueError("ErsConfig.cooldown must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,7 @@ class Signals:
     eval_phase: bool = False  # evaluation tasks are queued or running
     rollout_scaled_down: bool = False  # the last plan moved a rank from rollout to trainer
     last_pressure: int = 0  # Plan.pressure of the previous boundary (-1, 0, +1)
+    since_move: int = 1 << 30  # boundaries since the partition last changed
 
     def __post_init__(self) -> None:
         if min(self.ras_mb, self.ready_groups, self.mb_per_step, self.prev_batch) < 0:
@@ -114,6 +122,8 @@ class Signals:
             raise ValueError("Signals.twt_frac and rwt_frac must be in [0, 1]")
         if self.last_pressure not in (-1, 0, 1):
             raise ValueError("Signals.last_pressure must be -1, 0 or 1")
+        if self.since_move < 0:
+            raise ValueError("Signals.since_move must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,18 +195,20 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     even = ra2p.break_even_ras(balanced(costs, extra=1), costs, s.tprm_s, n_mb)
     starved = s.twt_frac > cfg.theta  # the trainer waited for data
     throttled = s.rwt_frac > cfg.theta  # rollout idled behind the staleness bound
+    calm = s.twt_frac <= cfg.theta / 2  # the trainer hardly waited for data
+    backlog = s.ready_groups >= cfg.b_min  # data is actually waiting in the buffer
     reasons = {
         "head-of-line latency": s.hol_s > cfg.tau * s.t_step_s > 0,
         "RAS past break-even": even is not None and s.ras_mb >= max(1, even),
         "a full batch ready": s.ready_groups >= cfg.b_ideal,
-        "TPRM below service time": s.tprm_s < service_time(costs),
-        "RWT without TWT": throttled and s.twt_frac <= cfg.theta / 2,
+        "TPRM below service time": calm and s.tprm_s < service_time(costs),
+        "RWT with a backlog": throttled and calm and backlog,
     }
     why = next((k for k, v in reasons.items() if v), None)
     if why is not None:
         # conservative: a rank moves only when the deficit persists over two boundaries
         nxt = _to_trainer(p, cfg, costs, decoupled=reasons["RAS past break-even"])
-        if s.last_pressure != 1:
+        if s.last_pressure != 1 or s.since_move < cfg.cooldown:
             nxt = p
         grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
         mode = ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb)
@@ -208,7 +220,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
             p, Mode.COLOCATED, batch, True, "generation deficit: retain after scale-down", -1
         )
     if starved and s.rwt_frac <= cfg.theta / 2:
-        nxt = _to_rollout(p, cfg) if s.last_pressure == -1 else p
+        steady = s.last_pressure == -1 and s.since_move >= cfg.cooldown
+        nxt = _to_rollout(p, cfg) if steady else p
         return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1)
 
     mode = ra2p.choose_mode(s.ras_mb, s.tprm_s, costs, n_mb)

@@ -90,6 +90,10 @@ def rollout_time(
     decode = wl.trajectories * wl.mean_turns * wl.mean_response_tokens * t_iter / batch / ranks
     new_tokens = wl.mean_prompt_tokens + wl.mean_turns * wl.mean_obs_tokens
     prefill = wl.trajectories * perf.prefill_time(model, hw, new_tokens, ctx, tp) / ranks
+    # contexts beyond the KV pool are evicted between turns and prefilled again
+    spill = max(0.0, 1.0 - cap / max(1.0, in_flight * ctx))
+    redo = perf.prefill_time(model, hw, ctx, 0, tp) * wl.mean_turns * spill
+    prefill += wl.trajectories * redo / ranks
     # Little's law: the bound admits (bound + 1) batches, one of which the trainer holds
     # until its update, so about `bound` batches (or the env capacity) are in flight; a
     # group is ready only when its slowest trajectory is, so a batch takes at least

@@ -52,6 +52,7 @@ class Elastic:
         self._lent_ranks: list = []  # rollout ranks opened on lent trainer GPUs
         self._lend_token = 0
         self._pressure = 0  # ERS plan pressure at the previous boundary
+        self._since_move = 1 << 30  # boundaries since ERS last moved a rank
         self._busy_mark = 0.0  # trainer busy GPU-seconds at the last step start
         self._last_rwt = 0.0
 
@@ -114,6 +115,7 @@ class Elastic:
         signals = self._signals(t)
         plan = ers.plan(signals, self.part, self.ers_cfg)
         self._pressure = plan.pressure
+        self._since_move = 0 if ers.moved(self.part, plan.partition) else self._since_move + 1
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
             delay = max(delay, self._apply(plan.partition, t))
         elif plan.mode.value == "decoupled" and not cl.trainer.ref:
@@ -168,6 +170,7 @@ class Elastic:
             eval_phase=cl.eval_left > 0 or cl._eval_due(),
             rollout_scaled_down=self.to_trainer_last,
             last_pressure=self._pressure,
+            since_move=self._since_move,
         )
 
     def _waits(self, t: float) -> tuple[float, float]:

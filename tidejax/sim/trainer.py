@@ -190,13 +190,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- signals
     def tprm(self) -> float:
-        """Mean seconds between micro-batch arrivals after the step started (inf if none)."""
+        """Seconds per micro-batch that became ready after the step started, averaged over
+        the step so far (a group completing yields several micro-batches at one instant, so
+        gaps between neighbours would read as a flood); inf if none arrived."""
         times = self.mb_closed
-        if len(times) >= 2:
-            return (times[-1] - times[0]) / (len(times) - 1)
-        if times:
-            return times[0] - self.step_start
-        return float("inf")
+        if not times:
+            return float("inf")
+        return (times[-1] - self.step_start) / len(times)
 
     def ra2p_costs(self, tokens_per_mb: float, sq_per_mb: float) -> Ra2pCosts:
         c = self.cost
