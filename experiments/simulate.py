@@ -331,8 +331,12 @@ def main(argv=None) -> None:
     )
     p.add_argument("--jobs", type=int, default=tables.default_jobs())
     p.add_argument("--out", type=Path, default=Path("runs/simulate"))
-    p.add_argument("--dump-workload", metavar="PRESET", choices=tables.E2E_WORKLOADS,
-                   help="print a preset as JSON (a template for --workload) and exit")
+    p.add_argument(
+        "--dump-workload",
+        metavar="PRESET",
+        choices=tables.E2E_WORKLOADS,
+        help="print a preset as JSON (a template for --workload) and exit",
+    )
     args = p.parse_args(argv)
     if args.dump_workload:
         print(json.dumps(_jsonable(workload.preset(args.dump_workload)), indent=1))

@@ -429,10 +429,11 @@ class PagePool:
                 avail += sum(1 for p in own.pages if ref[p] == 1 and p not in kept)
             if need > avail:
                 raise PoolFull(f"need {need} pages, {avail} available")
+        ref, lru_pop = self._ref, self._lru.pop
         for page in matched:  # acquire first so that the allocation below cannot evict them
-            if self._ref[page] == 0:
-                del self._lru[page]
-            self._ref[page] += 1
+            if not ref[page]:
+                lru_pop(page)
+            ref[page] += 1
         if own is not None:
             self._drop(task_id, own)
         seq = _Seq()
@@ -447,13 +448,14 @@ class PagePool:
         del self._seqs[task_id]
         # Tail pages go into the LRU first (older), so eviction shortens chains from the end
         # and keeps their prefixes findable.
+        ref, key, free, lru = self._ref, self._key, self._free, self._lru
         for page in reversed(seq.pages):
-            self._ref[page] -= 1
-            if self._ref[page] == 0:
-                if self._key[page] is None:
-                    self._free.append(page)
+            ref[page] -= 1
+            if not ref[page]:
+                if key[page] is None:
+                    free.append(page)
                 else:
-                    self._lru[page] = None
+                    lru[page] = None
 
     def _unindex(self, page: int) -> None:
         key = self._key[page]

@@ -33,7 +33,17 @@ class Ledger:
         if dur <= 0:
             return
         self.totals[kind] = self.totals.get(kind, 0.0) + dur * len(gpus)
-        if kind not in USEFUL:
+        if kind in USEFUL:
+            self.bin_useful(gpus, t0, t1)
+
+    def add_total(self, kind: str, gpu_s: float) -> None:
+        """GPU-seconds of ``kind`` whose timeline bins were (or need not be) filled."""
+        self.totals[kind] = self.totals.get(kind, 0.0) + gpu_s
+
+    def bin_useful(self, gpus: Sequence[int], t0: float, t1: float) -> None:
+        """Spread useful-busy time over the timeline bins of ``gpus``."""
+        dur = t1 - t0
+        if dur <= 0:
             return
         w = self.bin_s
         b0, b1 = int(t0 / w), int(t1 / w)

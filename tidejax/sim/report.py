@@ -8,13 +8,14 @@ from tidejax.sim.metrics import OVERHEAD, USEFUL, RunResult, overlap
 def result_of(cl) -> RunResult:
     end = cl.end_t or cl.now
     led = cl.ledger
+    for r in cl.ranks.values():
+        r.close_idle(end)  # flushes the rank's pending busy time into the ledger
     roles = led.role_seconds(end)
-    busy = {k: v for k, v in led.totals.items()}
+    busy = dict(led.totals)
     # rollout idle: exact intervals kept by the ranks (closed ones included)
     idle_iv: list[tuple[float, float, int]] = list(cl.closed_idle)
     prompt, hits = cl.closed_counters
     for r in cl.ranks.values():
-        r.close_idle(end)
         idle_iv.extend((a, b, len(r.gpus)) for a, b in r.idle)
         c = r.pool.counters()
         prompt += c.prompt_tokens

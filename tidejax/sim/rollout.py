@@ -19,7 +19,7 @@ import heapq
 
 from tidejax.serving.page_pool import ROOT_HASH, PagePool, hash_page
 from tidejax.sim.costs import CostModel
-from tidejax.sim.metrics import Ledger
+from tidejax.sim.metrics import USEFUL, Ledger
 
 
 class SimTask:
@@ -114,25 +114,37 @@ class Rank:
         self.idle_since: float | None = t
         self.idle: list[tuple[float, float]] = []
         self.ledger = ledger
-        self._span: list = [None, 0.0, 0.0]  # contiguous interval not yet in the ledger
+        self._span = [-1.0, -1.0]  # contiguous useful interval not yet in the timeline bins
+        self._kind_s: dict[str, float] = {}  # busy seconds per kind not yet in the ledger
         self._seq = 0
 
     # ----------------------------------------------------------------- ledger
     def _log(self, t0: float, t1: float, kind: str) -> None:
-        """Busy interval; contiguous ones of one kind merge before reaching the ledger."""
-        span = self._span
-        if span[0] == kind and abs(span[2] - t0) < 1e-9:
-            span[2] = t1
+        """Busy interval: totals per kind stay here until flushed; contiguous useful spans
+        (decode, prefill) merge before they are spread over the timeline bins."""
+        if t1 <= t0:
             return
-        if span[0] is not None:
-            self.ledger.add(self.gpus, span[1], span[2], span[0])
-        span[0], span[1], span[2] = kind, t0, t1
+        kind_s = self._kind_s
+        kind_s[kind] = kind_s.get(kind, 0.0) + (t1 - t0)
+        if kind not in USEFUL:
+            return
+        span = self._span
+        if span[1] >= 0 and abs(span[1] - t0) < 1e-9:
+            span[1] = t1
+            return
+        if span[1] >= 0:
+            self.ledger.bin_useful(self.gpus, span[0], span[1])
+        span[0], span[1] = t0, t1
 
     def flush_log(self) -> None:
         span = self._span
-        if span[0] is not None:
-            self.ledger.add(self.gpus, span[1], span[2], span[0])
-            span[0] = None
+        if span[1] >= 0:
+            self.ledger.bin_useful(self.gpus, span[0], span[1])
+            span[0] = span[1] = -1.0
+        n = len(self.gpus)
+        for kind, sec in self._kind_s.items():
+            self.ledger.add_total(kind, sec * n)
+        self._kind_s.clear()
 
     # --------------------------------------------------------------- timing core
     def _next_finish(self) -> int | None:
