@@ -38,6 +38,7 @@ import logging  # noqa: E402
 
 from tidejax.config import RunConfig, load_run_config, run_config_from_dict  # noqa: E402
 from tidejax.runtime.job import run_job  # noqa: E402
+from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 
 
 def config_from_args(args) -> RunConfig:
@@ -95,8 +96,14 @@ def main(argv=None) -> None:
     run_dir = args.out or os.path.join("runs", "webshop", cfg.system)
     for noisy in ("bm25s", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    out = run_job(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
-              compile_cache=args.compile_cache or None)
+    try:
+        out = run_job(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
+                      compile_cache=args.compile_cache or None)
+    except AllRanksFailed as e:
+        logging.getLogger("tidejax.job").error(
+            "run stopped: %s. The last checkpoint in %s is intact; restore the rollout ranks "
+            "and rerun with --resume.", e, os.path.join(run_dir, "checkpoints"))
+        sys.exit(3)
     evals = out["eval_success"]
     first, last = (evals[min(evals)], evals[max(evals)]) if evals else (float("nan"),) * 2
     print(f"system={cfg.system} steps={out['steps']} goodput={out['goodput']:.1f} "

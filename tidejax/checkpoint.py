@@ -1,8 +1,9 @@
 """Orbax checkpoints of the trainer: TrainState plus JSON metadata, saved asynchronously.
 
 One checkpoint step holds two items: `state` (the TrainState arrays, Orbax standard
-format) and `meta` (JSON: reference-model identity, data cursor, controller metadata and a
-fingerprint of every array). Restoring takes an abstract target whose leaves carry the
+format) and `meta` (JSON: reference-model identity, data cursor, controller metadata, a
+fingerprint of every array and, optionally, the rollout snapshot of `tidejax.runtime.resume`:
+ready groups and in-flight tasks). Restoring takes an abstract target whose leaves carry the
 *new* shardings, so a state saved on one submesh comes back on another. With no explicit
 step, restore walks back from the latest: a checkpoint that fails to read, lacks an item,
 or whose arrays do not match their fingerprint is skipped with a warning.
@@ -36,6 +37,7 @@ class Restored:
     ref_model: dict[str, Any]
     data_cursor: Any
     controller: dict[str, Any]
+    rollout: dict[str, Any] | None = None
 
 
 def _as_uint32(x: jax.Array) -> jax.Array:
@@ -89,10 +91,11 @@ class Checkpointer:
                                               item_names=("state", "meta"))
 
     def save(self, step: int, state: Any, *, ref_model: dict[str, Any], data_cursor: Any = None,
-             controller: dict[str, Any] | None = None, force: bool = False) -> bool:
+             controller: dict[str, Any] | None = None, rollout: dict[str, Any] | None = None,
+             force: bool = False) -> bool:
         """Start saving `state` and metadata at `step`; returns once arrays are on the host."""
         meta = {"format": FORMAT_VERSION, "ref_model": ref_model, "data_cursor": data_cursor,
-                "controller": controller or {},
+                "controller": controller or {}, "rollout": rollout,
                 "fingerprint": fingerprint(state) if self.verify else None}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   meta=ocp.args.JsonSave(meta))
@@ -141,7 +144,8 @@ class Checkpointer:
                 and fingerprint(state) != meta["fingerprint"]):
             raise CheckpointError(f"step {step}: arrays do not match their fingerprint")
         return Restored(step=step, state=state, ref_model=meta["ref_model"],
-                        data_cursor=meta["data_cursor"], controller=meta["controller"])
+                        data_cursor=meta["data_cursor"], controller=meta["controller"],
+                        rollout=meta.get("rollout"))
 
     def close(self) -> None:
         self._manager.close()

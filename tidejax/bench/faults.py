@@ -3,7 +3,10 @@
     python -m tidejax.bench.faults
 
 Rollout scenarios run the real rollout manager (CTB) and env pool over mock engines with
-injected faults; `nan_loss` runs the real trainer; `bad_config` feeds invalid settings.
+injected faults; `crash_resume` checkpoints the rollout state mid-run (some groups trained,
+some ready, some in flight), drops everything else as SIGKILL would, and finishes the run
+from the snapshot (the subprocess SIGKILL test is tests/runtime/test_crash_resume.py);
+`nan_loss` runs the real trainer; `bad_config` feeds invalid settings.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ configure_cpu_devices(8)
 
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 from collections import Counter  # noqa: E402
 
@@ -23,6 +27,7 @@ from tidejax.envs.faults import FaultConfig, FaultInjector  # noqa: E402
 from tidejax.envs.latency import LatencyModel  # noqa: E402
 from tidejax.envs.pool import local_env_factory  # noqa: E402
 from tidejax.models.testing import tiny_tokenizer  # noqa: E402
+from tidejax.runtime import resume  # noqa: E402
 from tidejax.runtime.buffer import GlobalBuffer  # noqa: E402
 from tidejax.runtime.manager import RolloutConfig, RolloutManager  # noqa: E402
 from tidejax.runtime.rollout import RolloutWorker  # noqa: E402
@@ -98,6 +103,54 @@ async def _rollout(name: str, faults: FaultConfig | None, kill_rank: bool, n_gro
                detail=detail)
 
 
+async def _crash_resume(n_groups=12) -> Row:
+    tok = tiny_tokenizer()
+    ec = EngineConfig(page_size=16, num_pages=512, max_slots=4, max_pages_per_seq=96,
+                      prefill_buckets=(256, 768))
+    cfg = RolloutConfig(scheduler="ctb", max_new_tokens=8, batch_groups=2, env_capacity=6,
+                        staleness_bound=100)
+
+    def start():
+        pool = EnvPool(PoolConfig(capacity=32), env_factory=local_env_factory(),
+                       latency=LatencyModel.default(time_scale=0.005, seed=0))
+        workers = {r: RolloutWorker(r, MockEngine(ec, vocab_size=tok.vocab_size),
+                                    pin_after_turn=True) for r in range(3)}
+        buffer = GlobalBuffer(staleness_bound=100, micro_batch_tokens=4096)
+        manager = RolloutManager(cfg, workers, pool, tok, buffer, "webshop", max_seq_len=1536)
+        return manager, buffer, pool
+
+    async def stop(manager, pool):
+        await manager.aclose()
+        for w in manager.workers.values():
+            w.stop()
+        await pool.aclose()
+
+    tasks = make_tasks("webshop", "train", n_groups, GROUP, seed=13, max_turns=3)
+    manager, buffer, pool = start()
+    manager.add_groups(tasks, GROUP)
+    while len(buffer) < 3:
+        await asyncio.sleep(0.002)
+    trained = [tid for g in buffer.take(2, 0) for tid in g.payload.task_ids]  # step 1
+    manager.consumed(2)
+    before_crash = len(trained)
+    snap = json.loads(json.dumps(resume.snapshot(manager, buffer)))  # the checkpoint
+    await stop(manager, pool)  # the crash: whatever the snapshot does not hold is gone
+
+    manager, buffer, pool = start()
+    n = resume.restore(snap, manager, buffer)
+    await asyncio.wait_for(manager.wait_idle(), timeout=600)
+    await stop(manager, pool)
+    trained += [tid for g in buffer.take(10_000, 0) for tid in g.payload.task_ids]
+    dropped = [tid for tid, _ in manager.dropped_tasks]
+    counts = Counter(trained + dropped)
+    ids = {t.task_id for t in tasks}
+    return Row("crash_resume", len(tasks), len(trained), len(set(dropped)),
+               lost=len(ids - set(counts)), duplicated=sum(c > 1 for c in counts.values()),
+               detail=f"trained_before_crash={before_crash} restored_ready_groups={n['ready_groups']} "
+                      f"restarted_tasks={n['restarted_tasks']} "
+                      f"requeued_tasks={n['requeued_tasks']}")
+
+
 def _fault_counts(pool) -> dict:
     stats = pool.stats
     return {k: getattr(stats, k) for k in ("exception", "timeout", "malformed_observation")
@@ -165,6 +218,7 @@ def main() -> None:
          True),
     ]
     rows = [asyncio.run(_rollout(name, f, kill)) for name, f, kill in scenarios]
+    rows.append(asyncio.run(_crash_resume()))
     rows += [_nan_loss(), _bad_configs()]
     print(f"{'scenario':16s} {'tasks':>5s} {'trained':>7s} {'dropped':>7s} {'lost':>4s} "
           f"{'dup':>3s} passed  detail")

@@ -17,6 +17,13 @@ new weights to every rollout rank (each flushes its KV: old-policy cache is inva
 queues evaluation tasks for the version just trained (they run during the next step and
 report against that version) and checkpoints. `sync` instead alternates phases: roll out
 exactly one batch with every device, then train on every device.
+
+Checkpoints and resume: the checkpoint hook gets, besides the TrainState, a rollout snapshot
+(`tidejax.runtime.resume`) taken on the loop thread at the boundary: ready groups and
+in-flight training tasks. `run(state, start_step, rollout=...)` serves the restored
+parameters from the first turn, puts ready groups back and restarts in-flight tasks. A
+step's batch is sorted by group id, so it does not depend on the order groups finished in.
+If every rollout rank is quarantined, the run raises `AllRanksFailed` instead of waiting.
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ from tidejax.models.config import ModelConfig
 from tidejax.models.tokenizer import Tokenizer
 from tidejax.rl.batch import loss_denominator
 from tidejax.rl.state import TrainState
+from tidejax.runtime import resume
 from tidejax.runtime.buffer import GlobalBuffer
-from tidejax.runtime.manager import GroupPayload, RolloutManager
+from tidejax.runtime.manager import AllRanksFailed, GroupPayload, RolloutManager
 from tidejax.runtime.rollout import RolloutWorker
 from tidejax.runtime.trainer_runner import TrainerRunner
 from tidejax.sched import ers, ra2p
@@ -175,6 +183,10 @@ class Controller:
         for device in rollout:
             if device.id not in manager.workers:
                 manager.open_rank(device.id, self._worker(device))
+        if not manager.workers:
+            manager.failure = manager.failure or AllRanksFailed(
+                f"no rollout rank left to serve (quarantined: {sorted(manager.quarantined)})")
+            raise manager.failure
         if tuple(actor) != self.runner.actor_devices or tuple(ref) != self.runner.ref_devices:
             state = await asyncio.to_thread(self.runner.place, state, actor, ref)
         return state
@@ -216,11 +228,15 @@ class Controller:
             tally = manager.eval_tallies.get(version)
             if tally is not None and tally.groups >= self.cfg.eval_groups:
                 return
+            manager.raise_if_failed()
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ the run
     async def run(self, state: TrainState | None = None, start_step: int = 0,
-                  evaluate_initial: bool = True) -> RunSummary:
+                  evaluate_initial: bool = True,
+                  rollout: dict | None = None) -> RunSummary:
+        """Run steps `start_step..cfg.steps`; `state` and `rollout` come from a checkpoint
+        (`rollout`: its `tidejax.runtime.resume` snapshot) when resuming."""
         cfg = self.cfg
         partition = self.initial_partition()
         manager = RolloutManager(self.rollout_config, {}, self.pool, self.tokenizer, self.buffer,
@@ -228,7 +244,14 @@ class Controller:
                                  max_seq_len=cfg.row_len)
         self.manager = manager
         self.version = start_step
+        if state is not None:  # resuming: rollout serves the restored policy, not the warm start
+            self.params_host = await asyncio.to_thread(jax.device_get, state.params)
         state = await self._apply_partition(partition, manager, state)
+        if rollout is not None:
+            restored = resume.restore(rollout, manager, self.buffer)
+            log.info("restored rollout: %d ready groups, %d in-flight tasks restarted, "
+                     "%d queued tasks re-queued", restored["ready_groups"],
+                     restored["restarted_tasks"], restored["requeued_tasks"])
         if state is None:
             state = await asyncio.to_thread(self.runner.actor.init_state, cfg.seed,
                                             self.params_host)
@@ -253,11 +276,12 @@ class Controller:
                 if self.system == "sync":  # the batch is whatever survived (drops counted)
                     target = self.buffer.wait_for(target, self.version, timeout=0)
                 while self.buffer.wait_for(target, self.version, timeout=0) < target:
+                    manager.raise_if_failed()
                     await asyncio.sleep(0.005)
                     self._top_up(manager)
                 twt = time.perf_counter() - wait_start if self.system != "sync" else (
                     time.perf_counter() - step_start)
-                groups = self.buffer.take(target, self.version)
+                groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
                 manager.consumed(len(groups))
                 payloads: list[GroupPayload] = [g.payload for g in groups]
                 trajectories = [t for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
@@ -295,7 +319,8 @@ class Controller:
                     eval_pending = self.version
                 if self.checkpoint and cfg.checkpoint_every and (
                         (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                    await asyncio.to_thread(self.checkpoint, step + 1, state, self)
+                    snap = resume.snapshot(manager, self.buffer)  # consistent: no await yet
+                    await asyncio.to_thread(self.checkpoint, step + 1, state, self, snap)
                 step_s = time.perf_counter() - step_start
                 self._step_times.append(step_s)
                 rwt = self._rwt(manager, busy_before, step_s)

@@ -156,13 +156,14 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     ref_identity = {"source": cfg.hf_path or f"{cfg.preset}+sft", "seed": cfg.seed,
                     "sft_steps": cfg.sft.steps}
 
-    def checkpoint(step, state, controller):
+    def checkpoint(step, state, controller, rollout):
         ckpt.save(step, state, ref_model=ref_identity, data_cursor=controller.data_cursor,
-                  controller={"version": controller.version, "system": cfg.system})
+                  controller={"version": controller.version, "system": cfg.system},
+                  rollout=rollout)
 
     controller = Controller(cfg, model_config, params, tokenizer, make_pool(cfg), devices,
                             writer, trace, checkpoint, progress=None)
-    state, start_step = None, 0
+    state, start_step, rollout = None, 0, None
     if resume and ckpt.latest_step() is not None:
         partition = controller.initial_partition()
         _, _, actor = controller._roles(partition)
@@ -171,13 +172,20 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
             restored = ckpt.restore(abstract)
             state, start_step = restored.state, restored.step
             controller.data_cursor = int(restored.data_cursor or 0)
+            rollout = restored.rollout
             log.info("resumed from step %d (data cursor %d)", start_step,
                      controller.data_cursor)
         except CheckpointError as e:
             log.warning("no usable checkpoint (%s); starting from the warm start", e)
-    summary = _run_with_progress(controller, state, start_step, cfg, show_progress)
-    ckpt.wait()
-    ckpt.close()
+    try:
+        summary = _run_with_progress(controller, state, start_step, cfg, show_progress,
+                                     rollout)
+    except BaseException:
+        writer.close()  # the metrics of the steps that did finish stay readable
+        raise
+    finally:  # a failing run still leaves its last checkpoint whole on disk
+        ckpt.wait()
+        ckpt.close()
     trace.save(os.path.join(run_dir, "trace.json"))
     save_plots(summary.records, summary.eval, os.path.join(run_dir, "plots.png"))
     writer.close()
@@ -187,7 +195,8 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     return out
 
 
-def _run_with_progress(controller, state, start_step, cfg, show_progress) -> RunSummary:
+def _run_with_progress(controller, state, start_step, cfg, show_progress,
+                       rollout=None) -> RunSummary:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(
@@ -204,6 +213,6 @@ def _run_with_progress(controller, state, start_step, cfg, show_progress) -> Run
             log.info("step %d: %s", r.step, info)
 
         controller.progress = on_step
-        return asyncio.run(controller.run(state, start_step))
+        return asyncio.run(controller.run(state, start_step, rollout=rollout))
 
 

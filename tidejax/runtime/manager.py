@@ -14,12 +14,19 @@ Concurrency (all on one asyncio loop, the controller's):
 - When all G tasks of a group end, rewards become GRPO advantages and the group goes to the
   `GlobalBuffer` (training) or to the evaluation tally (evaluation). A group with a task
   that failed for good is dropped whole, with its reason: never trained half-done.
+- Sampling is reproducible: a turn's seed is a hash of (run seed, task id, turn, attempt),
+  never drawn in completion order, so the same tasks give the same tokens whatever the
+  timing, the rank or the batch they share. Task ids carry the data cursor (training) or
+  the policy version (evaluation), so no two turns of a run share a seed.
+- If every rollout rank has been quarantined, `failure` is set, `wait_idle` and
+  `raise_if_failed` raise `AllRanksFailed`: the run stops instead of waiting forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import logging
 from collections import deque
@@ -47,6 +54,17 @@ from tidejax.serving.config import SamplingParams
 from tidejax.serving.loop import Request
 
 log = logging.getLogger(__name__)
+
+
+class AllRanksFailed(RuntimeError):
+    """Every rollout rank is quarantined: no task can make progress."""
+
+
+def sampling_seed(run_seed: int, task_id: str, turn: int, attempt: int) -> int:
+    """A turn's sampling seed from what identifies it, not from when it ran (31 bits)."""
+    digest = hashlib.blake2b(f"{run_seed}/{task_id}/{turn}/{attempt}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +163,6 @@ class RolloutManager:
         self.advantage_config = advantage_config
         self.max_seq_len = max_seq_len
         self.system_prompt = action_format(env_type)
-        self._rng = np.random.default_rng(seed)
         self._seed = seed
         self._uids = itertools.count()
         self._pending: deque[GroupRecord] = deque()
@@ -163,6 +180,7 @@ class RolloutManager:
         self._idle.set()
         self.max_pinned_fraction = 0.0  # invariant check: pinned KV tokens / rank budget
         self.quarantined: set[int] = set()  # failed ranks: never placed on or synced again
+        self.failure: AllRanksFailed | None = None
 
     # ------------------------------------------------------------------ inputs
     def add_groups(self, tasks: Sequence[Task], group_size: int, is_eval: bool = False,
@@ -187,6 +205,12 @@ class RolloutManager:
         self.outstanding_groups = max(0, self.outstanding_groups - n_groups)
         self.schedule()
 
+    def inflight_training_groups(self) -> list[tuple[list[Task], bool]]:
+        """Unfinished training groups in admission order, each with whether it had started
+        (for checkpoints: a resumed run restarts them)."""
+        return [([t.task for t in g.tasks], g.admitted > 0)
+                for g in sorted(self._groups.values(), key=lambda g: g.uid) if not g.is_eval]
+
     @property
     def pending_groups(self) -> int:
         return len(self._pending)
@@ -197,6 +221,11 @@ class RolloutManager:
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise self.failure
 
     # ------------------------------------------------------------------ ranks
     def open_rank(self, rank: int, worker: RolloutWorker) -> None:
@@ -227,6 +256,14 @@ class RolloutManager:
                 if rec.state == "ready":
                     rec.state = "paused"
         self.counters["ranks_quarantined"] = len(self.quarantined)
+        if not self.workers:
+            stuck = sum(t.state not in ("done", "failed") for t in self._tasks.values())
+            self.failure = AllRanksFailed(
+                f"every rollout rank has failed (quarantined: {sorted(self.quarantined)}); "
+                f"{stuck} tasks cannot run")
+            log.error("%s", self.failure)
+            self._idle.set()  # wake the controller so it stops instead of waiting forever
+            return
         self.schedule()
 
     def rank_drained(self, rank: int) -> bool:
@@ -245,6 +282,9 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ scheduling
     def schedule(self) -> None:
+        if self.failure is not None:
+            self._idle.set()  # nothing will run again: let waiters see the failure
+            return
         if not self.workers:
             return
         if self.config.scheduler == "ctb":
@@ -375,7 +415,7 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ task loop
     def _sampling(self, rec: TaskRecord) -> SamplingParams:
-        seed = int(self._rng.integers(0, 2**31 - 1))
+        seed = sampling_seed(self._seed, rec.task.task_id, rec.episode.turns, rec.attempts)
         temperature = 0.0 if rec.group.is_eval else self.config.temperature
         return SamplingParams(temperature=temperature, max_new_tokens=self.config.max_new_tokens,
                               stop_token_ids=self.tokenizer.eos_ids[:4], seed=seed)
