@@ -6,6 +6,7 @@
     python -m tidejax.experiments.simulate --table ra2p       # 8 ready micro-batches, 4 H100
     python -m tidejax.experiments.simulate --table ers        # RWT + TWT vs fixed ratios
     python -m tidejax.experiments.simulate --table workload   # tail statistics of a workload
+    python -m tidejax.experiments.simulate --table timing     # seconds to simulate one run
 
 ``--workload FILE`` (TOML or JSON, the :class:`tidejax.sim.workload.WorkloadSpec` layout;
 ``--dump-workload text-7b`` prints a template) replaces the preset workloads. JSON results
@@ -86,6 +87,7 @@ def table_e2e(args, cfg) -> None:
                 f"{r['kv_hit']:.3f}",
                 f"{r['staleness']:.2f}/{r['max_staleness']}",
                 f"{r['step_s']:.1f}",
+                f"{r['sim_s']:.0f}",
             ]
             for r in tables.e2e_rows(block)
         ]
@@ -101,10 +103,12 @@ def table_e2e(args, cfg) -> None:
                 "KV hit",
                 "staleness",
                 "step s",
+                "sim s",
             ],
             rows,
-            [15, 13, 6, 12, 8, 9, 9, 6, 9, 6],
+            [15, 13, 6, 12, 8, 9, 9, 6, 9, 6, 5],
         )
+        _print_bidirl(block["results"])
         sweep = {k: [(r.system, round(r.goodput)) for r in v] for k, v in block["swept"].items()}
         print(f"   fixed-ratio sweep ({args.sweep_steps} steps): {sweep}")
         _print_breakdown(block["results"])
@@ -129,6 +133,28 @@ def table_e2e(args, cfg) -> None:
         f"tide_over_sync={tide['x_sync']:.2f} tide_over_best_async={tide['x_best_async']:.2f} "
         f"tide_over_ideal={tide['of_ideal']:.2f}"
     )
+
+
+def _print_bidirl(results) -> None:
+    """What the BiDiRL mechanisms did: the planner's split, borrow offers and borrows."""
+    for r in results:
+        if "planner" not in r.extra and "borrow_checks" not in r.extra:
+            continue
+        p = r.extra.get("planner")
+        plan = (
+            f"planner {p['rollout_gpus']}R/{p['train_gpus']}T "
+            f"(T_roll {p['t_rollout']:.1f}s, T_train {p['t_train']:.1f}s)"
+            if p
+            else "no planner"
+        )
+        c, b = r.extra.get("borrow_checks", {}), r.extra.get("borrows", {})
+        print(
+            f"   {r.system}: {plan}; borrows to_train={b.get('to_train', 0)} "
+            f"to_rollout={b.get('to_rollout', 0)} of bubbles to_train={c.get('to_train', 0)} "
+            f"(longest window {c.get('max_train_win', 0):.1f}s) "
+            f"to_rollout={c.get('to_rollout', 0)} "
+            f"(longest window {c.get('max_rollout_win', 0):.1f}s)"
+        )
 
 
 def _print_breakdown(results) -> None:
@@ -301,8 +327,22 @@ def table_workload(args, cfg) -> None:
         print(f"{spec.name:22s} " + " ".join(f"{k}={v:.2f}" for k, v in t.items()))
 
 
+def table_timing(args, cfg) -> None:
+    """Cost of simulating: one tidejax run (``--steps`` steps, 32 GPUs) in this process."""
+    from tidejax.sim import systems
+
+    spec = _specs(args)[0]
+    r = systems.run(systems.tidejax(), spec, cfg)
+    print(
+        f"== timing: tidejax on {spec.name}, {cfg.steps} steps, {cfg.n_gpus} GPUs: "
+        f"goodput {r.goodput:,.1f} tok/s"
+    )
+    print(f"sim_wall_s={r.extra['sim_s']:.1f} sim_cpu_s={r.extra['sim_cpu_s']:.1f}")
+
+
 TABLES = {
     "e2e": table_e2e,
+    "timing": table_timing,
     "ablation": table_ablation,
     "ctb": table_ctb,
     "ra2p": table_ra2p,

@@ -364,31 +364,36 @@ class PagePool:
 
     def _extends(self, seq: _Seq, n_tokens: int, page_hashes: Sequence[int]) -> bool:
         known = len(seq.hashes)
-        return (
-            n_tokens >= seq.n_tokens
-            and len(page_hashes) >= known
-            and list(page_hashes[:known]) == seq.hashes
-        )
+        if n_tokens < seq.n_tokens or len(page_hashes) < known:
+            return False
+        head = page_hashes[:known]
+        return (head if type(head) is list else list(head)) == seq.hashes
 
     def _take(self, n: int) -> list[int]:
         """Hand out ``n`` pages, evicting cached pages (oldest first) when none are free."""
-        out = []
-        for _ in range(n):
-            if self._free:
-                out.append(self._free.pop())
-            else:
-                page, _ = self._lru.popitem(last=False)
-                self._unindex(page)
-                self._evicted += 1
-                out.append(page)
+        free, ref = self._free, self._ref
+        if n <= len(free):  # the common case: pop() n times, in one slice
+            out = free[-n:] if n else []
+            del free[len(free) - n :]
+            out.reverse()
+        else:
+            out = []
+            for _ in range(n):
+                if free:
+                    out.append(free.pop())
+                else:
+                    page, _ = self._lru.popitem(last=False)
+                    self._unindex(page)
+                    self._evicted += 1
+                    out.append(page)
         for page in out:
-            self._ref[page] = 1
+            ref[page] = 1
         return out
 
     def _grow(self, seq: _Seq, n_tokens: int, page_hashes: Sequence[int]) -> None:
         total = seq.n_tokens + n_tokens
-        need = self.pages_for(total) - len(seq.pages)
-        if need > self.available_pages():
+        need = -(-total // self.page_size) - len(seq.pages)
+        if need > len(self._free) + len(self._lru):
             raise PoolFull(f"need {need} pages, {self.available_pages()} available")
         if need > 0:
             seq.pages.extend(self._take(need))

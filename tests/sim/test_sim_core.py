@@ -39,6 +39,35 @@ def test_iters_within_is_the_inverse(batch, ctx, dt):
     assert CURVE.iters_time(batch, ctx, k + 1) > dt
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 400),
+    st.integers(0, 3_000_000),
+    st.one_of(st.floats(1e-9, 0.05), st.floats(0, 30), st.floats(30, 3000)),
+)
+def test_iters_reaching_is_the_first_boundary_at_or_after(batch, ctx, dt):
+    """The simulator's fast search: what iters_within + one more iteration used to give,
+    and the time it returns is iters_time's own (so events land bit for bit where they did)."""
+    k, t_k = CURVE.iters_reaching(batch, ctx, dt)
+    old = CURVE.iters_within(batch, ctx, dt)
+    if CURVE.iters_time(batch, ctx, old) < dt:
+        old += 1
+    assert k == old and t_k == CURVE.iters_time(batch, ctx, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 200_000), st.integers(0, 200_000), st.sampled_from(["qwen2.5-7b", "qwen2.5-14b"])
+)
+def test_prefill_coeffs_are_prefill_time_bit_for_bit(n, cached, model):
+    from tidejax.sched import perf
+
+    m, hw = ModelSpec.preset(model), HardwareSpec.h100()
+    lin, attn, rate = perf.prefill_coeffs(m, hw)
+    expect = perf.prefill_time(m, hw, n, cached)
+    assert (lin * n + attn * n * (cached + n / 2)) / rate == expect if n > 0 else expect == 0.0
+
+
 def test_calibrated_rates_match_calibration_rows():
     cost = CostModel(ModelSpec.qwen25_7b(), HardwareSpec.h100())
     assert CURVE.a == pytest.approx(5.7e-3, rel=0.02)  # dec.q7b.h100.t_weights

@@ -193,6 +193,50 @@ class DecodeCurve:
             total /= self.derate
         return total
 
+    def iters_reaching(self, batch: int, ctx_sum: float, dt: float) -> tuple[int, float]:
+        """Smallest ``k`` with ``iters_time(batch, ctx_sum, k) >= dt`` (the first iteration
+        boundary at or after ``dt``) and that time: the same search as :meth:`iters_within`
+        plus one step, reusing the times it computed (the simulator's hot path)."""
+        if dt <= 0 or batch <= 0:
+            return 0, 0.0
+        time = self.iters_time
+        base = self.a + self.b * ctx_sum
+        if base >= self.c * batch:  # memory-bound throughout: solve the quadratic, then fix up
+            scale = self.derate if ctx_sum < self.short_ctx * batch else 1.0
+            step = self.b * batch
+            lin = base + self.ovh - step / 2
+            budget = dt * scale
+            if step > 0:
+                k = int((-lin + math.sqrt(lin * lin + 2 * step * budget)) / step)
+            else:
+                k = int(budget / (base + self.ovh))
+            k = max(0, k)
+            tk = time(batch, ctx_sum, k)
+            while k > 0 and tk > dt:
+                k -= 1
+                tk = time(batch, ctx_sum, k)
+            t1 = time(batch, ctx_sum, k + 1)
+            while t1 <= dt:
+                k, tk = k + 1, t1
+                t1 = time(batch, ctx_sum, k + 1)
+        else:
+            lo, hi, tk = 0, 1, 0.0
+            t1 = time(batch, ctx_sum, hi)
+            while t1 <= dt:
+                lo, hi, tk = hi, hi * 2, t1
+                t1 = time(batch, ctx_sum, hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                tm = time(batch, ctx_sum, mid)
+                if tm <= dt:
+                    lo, tk = mid, tm
+                else:
+                    hi, t1 = mid, tm
+            k = lo
+            t1 = t1 if hi == k + 1 else time(batch, ctx_sum, k + 1)
+        # k is iters_within's answer and tk its time; t1 the time of k + 1 iterations
+        return (k, tk) if tk >= dt else (k + 1, t1)
+
     def iters_within(self, batch: int, ctx_sum: float, dt: float) -> int:
         """Largest ``k`` with ``iters_time(batch, ctx_sum, k) <= dt``."""
         if dt <= 0 or batch <= 0:
@@ -235,6 +279,12 @@ def prefill_time(
         n_cached + n_new / 2
     )
     return flops / (tp * hw.prefill_mfu * hw.flops)
+
+
+def prefill_coeffs(model: ModelSpec, hw: HardwareSpec, tp: int = 1) -> tuple[float, int, float]:
+    """``(lin, attn, rate)`` with :func:`prefill_time` ``= (lin*n + attn*n*(c + n/2)) / rate``
+    for ``n > 0``, evaluated in the same order (so bit-identical) without the spec look-ups."""
+    return 2 * model.params, 4 * model.n_layers * model.d_model, tp * hw.prefill_mfu * hw.flops
 
 
 # ---------------------------------------------------------------------------- trainer

@@ -59,6 +59,7 @@ class CtbDriver(_Driver):
         name, uid = task.group.ttype.name, task.group.uid
         r.type_counts[name] = r.type_counts.get(name, 0) + 1
         r.group_counts[uid] = r.group_counts.get(uid, 0) + 1
+        r.ctb_version += 1
         task.paused = False
         self.paused.pop(task.task_id, None)
 
@@ -73,9 +74,15 @@ class CtbDriver(_Driver):
         r.group_counts[uid] -= 1
         if not r.group_counts[uid]:
             del r.group_counts[uid]
+        r.ctb_version += 1
 
     def _rank_state(self, r: Rank) -> ctb.RankState:
-        return ctb.RankState(
+        """The rank's snapshot, rebuilt only when its residents, usage or state changed."""
+        key = (r.ctb_version, r.used, r.open, r.budget)
+        cached = r.ctb_state
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        state = ctb.RankState(
             r.rid,
             r.budget,
             r.used,
@@ -83,6 +90,8 @@ class CtbDriver(_Driver):
             tuple(sorted(r.type_counts.items())),
             frozenset(r.group_counts),
         )
+        r.ctb_state = (key, state)
+        return state
 
     def _task_state(self, x: SimTask, need: int = 0) -> ctb.TaskState:
         g = x.group

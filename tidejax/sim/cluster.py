@@ -20,7 +20,7 @@ import heapq
 import math
 from collections import deque
 
-from tidejax.sched import staleness
+from tidejax.sched import perf, staleness
 from tidejax.sched.perf import HardwareSpec, ModelSpec
 from tidejax.sim import workload as wl
 from tidejax.sim.admission import CtbDriver, RequestDriver
@@ -80,6 +80,7 @@ class Cluster(SyncPhases):
         self.model = ModelSpec.preset(spec.model)
         self.hw = HardwareSpec.h100()
         self.cost = CostModel(self.model, self.hw, page_size=cfg.page_size, switch=cfg.switch)
+        self._pf = perf.prefill_coeffs(self.model, self.hw, self.cost.tp)  # start_turn's prefill
         self.ledger = Ledger(cfg.n_gpus, cfg.bin_s)
         self.stream = wl.TaskStream(spec)
         self.now = 0.0
@@ -136,15 +137,16 @@ class Cluster(SyncPhases):
         from tidejax.sim.report import result_of
 
         self._begin()
-        heap, dirty = self._heap, self._dirty
+        heap, dirty, pop, flush = self._heap, self._dirty, heapq.heappop, self._flush_dirty
+        limit = self.cfg.max_sim_s
         while heap and not self.finished:
-            t, _, fn, args = heapq.heappop(heap)
-            if t > self.cfg.max_sim_s:
+            t, _, fn, args = pop(heap)
+            if t > limit:
                 break
             self.now = t
             fn(*args)
             if dirty:
-                self._flush_dirty()
+                flush()
         if not self.finished and self.now <= self.cfg.max_sim_s:
             raise RuntimeError(
                 f"{self.sys.name}: simulation stalled at t={self.now:.1f}s after "
@@ -216,8 +218,12 @@ class Cluster(SyncPhases):
         cached = r.pool.allocate(task, task.ctx, keys, reserve=task.resp_left)
         n = task.ctx - cached
         recompute = max(0, n - task.new_tokens)
-        t_pf = self.cost.prefill(n, cached)
-        t_re = t_pf * recompute / n if n else 0.0
+        if n > 0:  # = self.cost.prefill(n, cached), bit for bit (perf.prefill_coeffs)
+            lin, attn, rate = self._pf
+            t_pf = (lin * n + attn * n * (cached + n / 2)) / rate
+            t_re = t_pf * recompute / n
+        else:
+            t_pf = t_re = 0.0
         task.new_tokens = 0
         r.join(task, t, t_pf, t_re)
         self.resched(r)
@@ -227,10 +233,12 @@ class Cluster(SyncPhases):
         self._dirty.add(r)
 
     def _flush_dirty(self) -> None:
+        heap, on_rank, push = self._heap, self._on_rank, heapq.heappush
         for r in self._dirty:
             nt = r.next_event()
-            if nt is not None:
-                self.push(nt, self._on_rank, r, r.stamp)
+            if nt is not None:  # = self.push(nt, self._on_rank, r, r.stamp)
+                self._seq += 1
+                push(heap, (nt, self._seq, on_rank, (r, r.stamp)))
         self._dirty.clear()
 
     def _on_rank(self, r: Rank, stamp: int) -> None:

@@ -48,6 +48,9 @@ class Elastic:
         self.lent: list[tuple[int, ...]] = []  # rollout GPUs lent to the trainer this step
         self.trainer_lent_until: float | None = None
         self.borrows = {"to_train": 0, "to_rollout": 0}
+        # what borrowing was offered: bubbles seen per direction, the longest predicted window
+        self.borrow_checks = {"to_train": 0, "to_rollout": 0, "max_train_win": 0.0}
+        self.borrow_checks["max_rollout_win"] = 0.0
         self.boot: list = []  # ERS cold-start ranks on trainer GPUs
         self._lent_ranks: list = []  # rollout ranks opened on lent trainer GPUs
         self._lend_token = 0
@@ -274,6 +277,13 @@ class Elastic:
             rollout_scalable=cl.outstanding < cl.quota or cl.eval_left > 0,
             rollout_utilisation=self._rollout_utilisation(),
         )
+        chk = self.borrow_checks
+        if state.idle_train:
+            chk["to_rollout"] += 1
+            chk["max_rollout_win"] = max(chk["max_rollout_win"], round(state.rollout_window_s, 1))
+        if state.idle_rollout:
+            chk["to_train"] += 1
+            chk["max_train_win"] = max(chk["max_train_win"], round(state.train_window_s, 1))
         b = borrowing.decide(state, sw)
         if b is None:
             return

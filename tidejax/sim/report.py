@@ -52,6 +52,8 @@ def result_of(cl) -> RunResult:
         extra["ctb_pauses"] = cl.driver.pauses
     if cl.elastic is not None:
         extra["borrows"] = dict(cl.elastic.borrows)
+        if cl.sys.borrowing:
+            extra["borrow_checks"] = dict(cl.elastic.borrow_checks)
         if cl.elastic.plan_choice is not None:
             pc = cl.elastic.plan_choice
             extra["planner"] = {

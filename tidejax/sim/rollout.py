@@ -109,6 +109,8 @@ class Rank:
         self.used = 0  # CTB: sum of resident footprints
         self.type_counts: dict[str, int] = {}  # CTB: resident tasks per task type
         self.group_counts: dict[int, int] = {}  # CTB: resident tasks per group
+        self.ctb_version = 0  # CTB: bumped when type_counts / group_counts change
+        self.ctb_state = None  # CTB: (key, RankState) last built by the driver
         self.queue: list[SimTask] = []  # request-level: turns waiting for memory (FIFO)
         self.assigned = 0  # request-level: tasks routed here and unfinished
         self.idle_since: float | None = t
@@ -117,6 +119,7 @@ class Rank:
         self._span = [-1.0, -1.0]  # contiguous useful interval not yet in the timeline bins
         self._kind_s: dict[str, float] = {}  # busy seconds per kind not yet in the ledger
         self._seq = 0
+        self._memo = (-1, 0.0, 0, 0.0)  # (B, S, k, iters_time(B, S, k)) last computed
 
     # ----------------------------------------------------------------- ledger
     def _log(self, t0: float, t1: float, kind: str) -> None:
@@ -156,7 +159,13 @@ class Rank:
     def _run(self, k: int) -> None:
         if k <= 0:
             return
-        dt = self.curve.iters_time(self.B, self.S, k)
+        # _memo remembers the last iters_time answer: a turn end's event time (next_event)
+        # and the run up to it ask the same question
+        m, B, S = self._memo, self.B, self.S
+        if m[2] == k and m[0] == B and m[1] == S:
+            dt = m[3]
+        else:
+            dt = self.curve.iters_time(B, S, k)
         self._log(self.t0, self.t0 + dt, "decode")
         self.t0 += dt
         self.I += k
@@ -170,20 +179,25 @@ class Rank:
             return
         if t <= self.t0:
             return
-        dt = t - self.t0
-        k = self.curve.iters_within(self.B, self.S, dt)
-        if self.curve.iters_time(self.B, self.S, k) < dt:
-            k += 1
+        k, t_k = self.curve.iters_reaching(self.B, self.S, t - self.t0)
         nxt = self._next_finish()
-        if nxt is not None:
-            k = min(k, nxt - self.I - (1 if before_finish else 0))
+        if nxt is not None and k > nxt - self.I - before_finish:
+            k = nxt - self.I - before_finish
+        else:
+            self._memo = (self.B, self.S, k, t_k)
         self._run(k)
 
     def next_event(self) -> float | None:
         nxt = self._next_finish()
         if nxt is None:
             return None
-        return self.t0 + self.curve.iters_time(self.B, self.S, nxt - self.I)
+        k, B, S = nxt - self.I, self.B, self.S
+        m = self._memo
+        if m[2] == k and m[0] == B and m[1] == S:
+            return self.t0 + m[3]
+        dt = self.curve.iters_time(B, S, k)
+        self._memo = (B, S, k, dt)
+        return self.t0 + dt
 
     def stall(self, t: float, seconds: float, kind: str) -> None:
         """Occupy the rank for ``seconds`` from the next boundary (prefill, sync, ...)."""

@@ -87,6 +87,7 @@ def e2e_rows(block: dict) -> list[dict]:
                 "staleness": r.mean_staleness,
                 "max_staleness": r.max_staleness,
                 "step_s": r.wall_s / max(1, r.steps),
+                "sim_s": r.extra.get("sim_s", 0.0),
             }
         )
     return rows

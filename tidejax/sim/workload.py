@@ -282,32 +282,36 @@ def _lognormal(d: Dist, rng: np.random.Generator, shape) -> np.ndarray:
 def _draw_trajectory(
     t: TaskType, prompt: int, success: bool, n_success: float, resp, obs_, env_
 ) -> Trajectory:
-    turns = max(1, min(round(n_success) if success else t.max_turns, t.max_turns))
+    max_turns, cap, hist = t.max_turns, t.context_cap, t.history_turns
+    resp_hi = t.response_tokens.hi
+    turns = max(1, min(round(n_success) if success else max_turns, max_turns))
     scale = 1.0 if success else t.fail_response_scale
-    responses, obs, env = [], [], []
+    responses: list[int] = []
+    obs: list[int] = []
+    env: list[float] = []
     window: list[int] = []
     ctx = prompt
     for k in range(turns):
-        r = int(min(t.response_tokens.hi, resp[k] * scale))
-        if ctx + r > t.context_cap:
+        r = int(min(resp_hi, resp[k] * scale))
+        if ctx + r > cap:
             break
         responses.append(r)
         if k == turns - 1:
             break
         o = int(obs_[k])
-        if t.history_turns:
+        if hist:
             window.append(r + o)
-            if len(window) > t.history_turns:
+            if len(window) > hist:
                 window.pop(0)
             ctx = prompt + sum(window)
         else:
             ctx += r + o
-        if ctx >= t.context_cap:
+        if ctx >= cap:
             break
         obs.append(o)
         env.append(float(env_[k]))
     if not responses:  # the prompt alone nearly fills the context: one short turn
-        responses.append(max(1, min(8, t.context_cap - prompt)))
+        responses.append(max(1, min(8, cap - prompt)))
     del obs[len(responses) - 1 :]
     del env[len(responses) - 1 :]
     return Trajectory(responses, obs, env)
@@ -339,10 +343,11 @@ class TaskStream:
         n_success = _lognormal(t.success_turns, rng, size)
         if t.env_straggler is not None:
             env = env * _lognormal(t.env_straggler, rng, (size, 1))
+        # plain floats (exactly the float64 values) keep the per-turn loop off numpy scalars
+        resp_, obs_, env_ = resp.tolist(), obs.tolist(), env.tolist()
+        ok, turns = success.tolist(), n_success.tolist()
         trajs = [
-            _draw_trajectory(
-                t, prompt, bool(success[j]), float(n_success[j]), resp[j], obs[j], env[j]
-            )
+            _draw_trajectory(t, prompt, ok[j], turns[j], resp_[j], obs_[j], env_[j])
             for j in range(size)
         ]
         return GroupDraw(index, ti, prompt, trajs, is_eval=salt == 1)
