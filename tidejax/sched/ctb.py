@@ -211,6 +211,8 @@ def _fits(rank: RankState, load: dict[int, int], tokens: int) -> bool:
 
 
 def _resumes(snap, ranks, load, to_place):
+    if not to_place:
+        return [], []
     cfg = snap.config
     order = sorted(to_place, key=lambda t: (-priority(t, cfg), t.task_id))
     placed: list[tuple[int, int]] = []
@@ -245,11 +247,8 @@ def _resumes(snap, ranks, load, to_place):
 def _admits(snap, ranks, load):
     env_free = snap.env_capacity - snap.env_in_use
     quota_left = snap.quota_groups - snap.outstanding_groups
-    types: dict[int, dict[str, int]] = {r.rank: dict(r.type_counts) for r in snap.ranks}
+    types: dict[int, dict[str, int]] | None = None  # built when a group is first placed
     group_ranks: dict[int, set[int]] = {}
-    for r in snap.ranks:
-        for g in r.groups:
-            group_ranks.setdefault(g, set()).add(r.rank)
     out: list[Admission] = []
     for g in snap.pending:
         if env_free <= 0:
@@ -261,6 +260,11 @@ def _admits(snap, ranks, load):
         probe = not g.started
         count = 1 if probe else min(g.remaining, env_free)
         each = snap.probe_default_tokens if g.probe_tokens is None else g.probe_tokens
+        if types is None:
+            types = {r.rank: dict(r.type_counts) for r in snap.ranks}
+            for r in snap.ranks:
+                for gid in r.groups:
+                    group_ranks.setdefault(gid, set()).add(r.rank)
         placed = 0
         while placed < count:
             target = _place(snap, ranks, load, types, group_ranks.get(g.group_id, set()), g, each)
