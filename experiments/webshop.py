@@ -59,8 +59,9 @@ def config_from_args(args) -> RunConfig:
         over["sft"] = {"steps": args.sft_steps}
     if args.quick:  # CI: a few short steps, same code paths
         over.setdefault("steps", 2)
-        over.update(eval_every=2, eval_groups=2, batch_groups=2, min_batch_groups=1,
-                    group_size=2, max_turns=3, env_time_scale=0.05, checkpoint_every=1)
+        over.update(eval_every=2, eval_groups=2, eval_samples=1, batch_groups=2,
+                    min_batch_groups=1, group_size=2, max_turns=3, env_time_scale=0.05,
+                    checkpoint_every=1)
         over["sft"] = {"steps": 2, "episodes": 8, "batch_sequences": 4}
     return run_config_from_dict(over, base)
 
@@ -81,6 +82,9 @@ def main(argv=None) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument("--quick", action="store_true", help="a tiny run for CI smoke tests")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--sft-only", action="store_true",
+                        help="only build the tokenizer and SFT warm start into --out, on the "
+                             "visible devices (e.g. one GPU), for a later job with the same --out")
     parser.add_argument("--distributed", action="store_true",
                         help="call jax.distributed.initialize() first (multi-host launch)")
     parser.add_argument("--compile-cache", default=os.path.join("runs", ".jax_cache"),
@@ -96,6 +100,15 @@ def main(argv=None) -> None:
     run_dir = args.out or os.path.join("runs", "webshop", cfg.system)
     for noisy in ("bm25s", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.sft_only:
+        import jax
+
+        from tidejax.runtime.job import warm_start
+
+        os.makedirs(run_dir, exist_ok=True)
+        _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.sft.devices])
+        print(f"sft_seconds={seconds:.1f} backend={jax.default_backend()} run_dir={run_dir}")
+        return
     try:
         out = run_job(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
                       compile_cache=args.compile_cache or None)

@@ -80,7 +80,8 @@ class RunConfig:
     min_batch_groups: int = 2  # B_min (tide's elastic batch)
     max_turns: int = 6
     eval_every: int = 4
-    eval_groups: int = 8
+    eval_groups: int = 8  # distinct held-out goals per evaluation
+    eval_samples: int = 4  # episodes per goal (sampled at rollout.eval_temperature)
     checkpoint_every: int = 4
     keep_checkpoints: int = 3
     micro_batch_tokens: int = 6144
@@ -101,8 +102,8 @@ class RunConfig:
         if self.system not in SYSTEMS:
             raise ValueError(f"RunConfig.system must be one of {SYSTEMS}, got {self.system!r}")
         for name in ("steps", "group_size", "batch_groups", "min_batch_groups", "max_turns",
-                     "eval_groups", "micro_batch_tokens", "row_len", "keep_checkpoints",
-                     "tokenizer_vocab"):
+                     "eval_groups", "eval_samples", "micro_batch_tokens", "row_len",
+                     "keep_checkpoints", "tokenizer_vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RunConfig.{name} must be a positive int, got {value!r}")

@@ -218,9 +218,10 @@ class Controller:
 
     def _queue_eval(self, manager: RolloutManager) -> None:
         cfg = self.cfg
-        tasks = make_tasks(cfg.env_type, "eval", cfg.eval_groups, 1, seed=cfg.seed + 7,
-                           max_turns=cfg.max_turns, prefix=f"eval_v{self.version}")
-        manager.add_groups(tasks, 1, is_eval=True, eval_version=self.version)
+        tasks = make_tasks(cfg.env_type, "eval", cfg.eval_groups, cfg.eval_samples,
+                           seed=cfg.seed + 7, max_turns=cfg.max_turns,
+                           prefix=f"eval_v{self.version}")
+        manager.add_groups(tasks, cfg.eval_samples, is_eval=True, eval_version=self.version)
 
     async def _wait_eval(self, manager: RolloutManager, version: int, timeout: float = 600.0):
         deadline = time.monotonic() + timeout

@@ -118,6 +118,26 @@ def summary_dict(summary: RunSummary) -> dict:
 
 
 # ---------------------------------------------------------------------------- main
+def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
+    """Tokenizer, model config and SFT-warm-started params (both cached in `cache_dir`);
+    returns them with the seconds the warm start took."""
+    demos = expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed)
+    tokenizer = build_tokenizer(cfg, cache_dir, demos)
+    if cfg.hf_path:
+        model_config, params = models.load_hf(cfg.hf_path, dtype="float32")
+    else:
+        model_config = models.get_preset(cfg.preset)
+        if cfg.model_vocab_size is not None:
+            model_config = model_config.replace(vocab_size=cfg.model_vocab_size)
+        params = models.init_params(model_config, jax.random.key(cfg.seed))
+    check_matches_model(tokenizer, model_config.vocab_size)
+    t0 = time.perf_counter()
+    params = sft_warm_start(cfg, model_config, params,
+                            demo_episode_tokens(tokenizer, cfg.env_type, demos),
+                            devices, os.path.join(cache_dir, "sft_params.npz"), writer)
+    return tokenizer, model_config, params, time.perf_counter() - t0
+
+
 def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True,
             compile_cache: str | None = None, cache_dir: str | None = None) -> dict:
     """Run the whole job; the tokenizer and SFT warm start are cached in `cache_dir`
@@ -134,25 +154,10 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
                          "devices are visible (on CPU set --devices before jax starts)")
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1, default=str)
-    demos = expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed)
-    tokenizer = build_tokenizer(cfg, cache_dir, demos)
-    if cfg.hf_path:
-        model_config, params = models.load_hf(cfg.hf_path, dtype="float32")
-    else:
-        model_config = models.get_preset(cfg.preset)
-        if cfg.model_vocab_size is not None:
-            model_config = model_config.replace(vocab_size=cfg.model_vocab_size)
-        params = models.init_params(model_config, jax.random.key(cfg.seed))
-    check_matches_model(tokenizer, model_config.vocab_size)
-
     writer = MetricsWriter(run_dir, enabled=jax.process_index() == 0)
     trace = TraceRecorder()
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), max_to_keep=cfg.keep_checkpoints)
-    t0 = time.perf_counter()
-    params = sft_warm_start(cfg, model_config, params,
-                            demo_episode_tokens(tokenizer, cfg.env_type, demos),
-                            devices, os.path.join(cache_dir, "sft_params.npz"), writer)
-    sft_s = time.perf_counter() - t0
+    tokenizer, model_config, params, sft_s = warm_start(cfg, cache_dir, devices, writer)
     ref_identity = {"source": cfg.hf_path or f"{cfg.preset}+sft", "seed": cfg.seed,
                     "sft_steps": cfg.sft.steps}
 

@@ -74,6 +74,9 @@ class RolloutConfig:
     scheduler: str = "ctb"  # "ctb" | "request"
     max_new_tokens: int = 32
     temperature: float = 1.0
+    # Evaluation samples at the training temperature by default: greedy decoding of a small
+    # policy loops on one action, which measures the decoder, not what RL optimised.
+    eval_temperature: float = 1.0
     env_capacity: int = 64  # tasks the env cluster runs at once
     staleness_bound: int = 1  # versions; also the CTB/AReaL admission quota
     batch_groups: int = 4  # groups per trainer step (for the staleness quota)
@@ -96,8 +99,9 @@ class RolloutConfig:
         if not 0 < self.budget_fraction <= 1:
             raise ValueError(f"RolloutConfig.budget_fraction must be in (0, 1], "
                              f"got {self.budget_fraction}")
-        if self.temperature < 0:
-            raise ValueError(f"RolloutConfig.temperature must be >= 0, got {self.temperature}")
+        for name in ("temperature", "eval_temperature"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass
@@ -416,7 +420,8 @@ class RolloutManager:
     # ------------------------------------------------------------------ task loop
     def _sampling(self, rec: TaskRecord) -> SamplingParams:
         seed = sampling_seed(self._seed, rec.task.task_id, rec.episode.turns, rec.attempts)
-        temperature = 0.0 if rec.group.is_eval else self.config.temperature
+        temperature = (self.config.eval_temperature if rec.group.is_eval
+                       else self.config.temperature)
         return SamplingParams(temperature=temperature, max_new_tokens=self.config.max_new_tokens,
                               stop_token_ids=self.tokenizer.eos_ids[:4], seed=seed)
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The learning check: success rate after GRPO vs after the SFT warm start, per seed.
+#
+#   bash scripts/learning_check.sh OUT_ROOT SEED [SEED ...]
+#
+# 1. The SFT warm start of every seed, at once, on the default JAX backend (a GPU when
+#    there is one: the 3,000 SFT steps take hours on 2 CPU cores).
+# 2. GRPO for every seed at once on 8 fake CPU devices each (the job's CPU default),
+#    reusing the cached warm start; each job gets its own share of the cores.
+# Prints one `system=... sft_success=... final_success=...` line per seed.
+set -u -o pipefail
+config=${CONFIG:-experiments/configs/webshop_learning.toml}
+root=$1
+shift
+mkdir -p "$root"
+for seed in "$@"; do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM_FRACTION:-0.2} python3 -m tidejax.experiments.webshop \
+        --config "$config" --seed "$seed" --out "$root/s$seed" --sft-only --no-progress \
+        >"$root/sft_s$seed.log" 2>&1 &
+done
+wait
+grep -h "sft_seconds\|SFT step .*0/\|Error" "$root"/sft_s*.log
+
+cores=$(nproc)
+per_job=$(( cores / $# ))
+first=0
+for seed in "$@"; do
+    last=$(( first + (per_job > 0 ? per_job : 1) - 1 ))
+    JAX_PLATFORMS=cpu timeout "${GRPO_TIMEOUT:-0}" taskset -c "$first-$last" \
+        python3 -m tidejax.experiments.webshop --config "$config" --seed "$seed" \
+        --out "$root/s$seed" --no-progress >"$root/grpo_s$seed.log" 2>&1 &
+    first=$(( (last + 1) % cores ))
+done
+wait
+for seed in "$@"; do
+    echo "seed $seed:"
+    grep -h "eval v\|^system=\|Error" "$root/grpo_s$seed.log"
+done
