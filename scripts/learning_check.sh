@@ -21,12 +21,14 @@ done
 wait
 grep -h "sft_seconds\|SFT step .*0/\|Error" "$root"/sft_s*.log
 
-cores=$(nproc)
+cores=${GRPO_CORES:-$(nproc)}
 per_job=$(( cores / $# ))
 first=0
 for seed in "$@"; do
     last=$(( first + (per_job > 0 ? per_job : 1) - 1 ))
-    JAX_PLATFORMS=cpu timeout "${GRPO_TIMEOUT:-0}" taskset -c "$first-$last" \
+    pin=()
+    command -v taskset >/dev/null && pin=(taskset -c "$first-$last")
+    JAX_PLATFORMS=cpu timeout "${GRPO_TIMEOUT:-0}" "${pin[@]}" \
         python3 -m tidejax.experiments.webshop --config "$config" --seed "$seed" \
         --out "$root/s$seed" --no-progress >"$root/grpo_s$seed.log" 2>&1 &
     first=$(( (last + 1) % cores ))
