@@ -108,6 +108,10 @@ presets: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                         num_heads=4, num_kv_heads=2, rope_theta=10_000.0,
                         tie_word_embeddings=True, max_position_embeddings=4096),
+    # Four times tiny's width per layer: the learning check's second size (still CPU-cheap).
+    "small": ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
+                         num_heads=4, num_kv_heads=2, rope_theta=10_000.0,
+                         tie_word_embeddings=True, max_position_embeddings=4096),
     "qwen2.5-0.5b": _qwen25(896, 4864, 24, 14, 2, True, 151936),
     "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, True, 151936),
     "qwen2.5-3b": _qwen25(2048, 11008, 36, 16, 2, True, 151936),

@@ -23,7 +23,7 @@ grep -h "sft_seconds\|SFT step .*0/\|Error" "$root"/sft_s*.log
 
 cores=${GRPO_CORES:-$(nproc)}
 per_job=$(( cores / $# ))
-first=0
+first=${GRPO_FIRST_CORE:-0}
 for seed in "$@"; do
     last=$(( first + (per_job > 0 ? per_job : 1) - 1 ))
     pin=()

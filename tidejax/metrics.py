@@ -67,12 +67,13 @@ class MetricsWriter:
 
             self._tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
 
-    def write(self, step: int, kind: str, values: dict[str, Any]) -> None:
+    def write(self, step: int, kind: str, values: dict[str, Any], scalars: bool = True) -> None:
+        """`scalars=False` keeps a record (an episode transcript, say) out of TensorBoard."""
         if not self.enabled:
             return
         record = {"step": step, "kind": kind, "time": time.time(), **values}
         self._file.write(json.dumps(record, default=float) + "\n")
-        if self._tb is not None:
+        if self._tb is not None and scalars:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)

@@ -26,7 +26,10 @@ def test_quick_job_writes_outputs_and_resumes(tmp_path):
     assert summary["steps"] == 2 and summary["consumed_tokens"] > 0
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2]
-    assert any(r["kind"] == "eval" for r in steps)
+    evals = [r for r in steps if r["kind"] == "eval"]
+    transcripts = [r for r in steps if r["kind"] == "eval_episode"]
+    assert evals and len(transcripts) == sum(r["episodes"] for r in evals)
+    assert all(t["actions"] and t["end"] in ("env_done", "context_cap") for t in transcripts)
     for name in ("trace.json", "plots.png", "tokenizer.json", "sft_params.npz"):
         assert (out / name).exists(), name
     assert (out / "tensorboard").is_dir() and any((out / "checkpoints").iterdir())

@@ -358,7 +358,8 @@ class Controller:
             goodput=self.meter.goodput(), consumed_tokens=self.meter.consumed,
             generated_tokens=generated, dropped_tokens=dropped, kv_hit_rate=manager.hit_rate(),
             twt_s=sum(r.twt_s for r in self.records), rwt_s=sum(r.rwt_s for r in self.records),
-            eval={v: dataclasses.asdict(t) for v, t in manager.eval_tallies.items()},
+            eval={v: {k: x for k, x in dataclasses.asdict(t).items() if k != "transcripts"}
+                  for v, t in manager.eval_tallies.items()},
             records=self.records, counters=dict(manager.counters),
             dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state)
 
@@ -425,3 +426,6 @@ class Controller:
                  values["success"], values["reward"], tally.episodes)
         if self.writer:
             self.writer.write(step, "eval", values)
+            for transcript in tally.transcripts:  # what the policy did, for reading
+                self.writer.write(step, "eval_episode", {"version": version, **transcript},
+                                  scalars=False)

@@ -118,6 +118,8 @@ class TaskRecord:
     won: bool = False
     error: str | None = None
     attempts: int = 0
+    actions: list[str] = dataclasses.field(default_factory=list)  # as the env received them
+    end: str = ""  # how the episode ended: env_done | context_cap
     can_run: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     @property
@@ -148,6 +150,7 @@ class EvalTally:
     episodes: int = 0
     reward_sum: float = 0.0
     wins: int = 0
+    transcripts: list[dict] = dataclasses.field(default_factory=list)
 
 
 class RolloutManager:
@@ -488,6 +491,7 @@ class RolloutManager:
         if not start.ok:
             return f"env_{start.error}"
         rec.episode = open_episode(self.tokenizer, self.system_prompt, start.obs)
+        rec.actions, rec.end = [], ""
         rec.need_tokens = len(rec.episode) + self.config.max_new_tokens
         rec.state = "ready"
         self.schedule()
@@ -518,19 +522,21 @@ class RolloutManager:
                 rec.group.probe_tokens = len(rec.episode)
             rec.state, rec.need_tokens = "env", 0
             self.schedule()
-            result = await self.pool.step(rec.task.task_id,
-                                          action_text(self.tokenizer, list(comp.token_ids)))
+            action = action_text(self.tokenizer, list(comp.token_ids))
+            rec.actions.append(action)
+            result = await self.pool.step(rec.task.task_id, action)
             if not result.ok:
                 return f"env_{result.error}"
             if result.done:
                 rec.reward = float(result.reward)
                 rec.won = bool(result.info.get("won", rec.reward >= 1.0))
+                rec.end = "env_done"
                 return None
             new_ids = observation_ids(self.tokenizer, result.obs)
             if len(rec.episode) + len(new_ids) + self.config.max_new_tokens > self.max_seq_len:
                 # Context cap: the episode ends unrewarded, without the observation that
                 # would not fit, so every trajectory fits one training row.
-                rec.reward, rec.won = 0.0, False
+                rec.reward, rec.won, rec.end = 0.0, False, "context_cap"
                 return None
             rec.episode.extend_context(new_ids)
             rec.need_tokens = len(new_ids) + self.config.max_new_tokens
@@ -566,6 +572,9 @@ class RolloutManager:
                     tally.episodes += 1
                     tally.reward_sum += t.reward
                     tally.wins += int(t.won)
+                    tally.transcripts.append({"task_id": t.task.task_id, "reward": t.reward,
+                                              "won": t.won, "end": t.end,
+                                              "actions": list(t.actions)})
             return
         if failed:
             self.counters["groups_dropped"] += 1
