@@ -21,17 +21,16 @@ done
 wait
 grep -h "sft_seconds\|SFT step .*0/\|Error" "$root"/sft_s*.log
 
-cores=${GRPO_CORES:-$(nproc)}
-per_job=$(( cores / $# ))
+cores=${GRPO_CORES:-$(nproc)}  # cores for these jobs, from GRPO_FIRST_CORE on
+per_job=$(( cores / $# > 0 ? cores / $# : 1 ))
 first=${GRPO_FIRST_CORE:-0}
 for seed in "$@"; do
-    last=$(( first + (per_job > 0 ? per_job : 1) - 1 ))
     pin=()
-    command -v taskset >/dev/null && pin=(taskset -c "$first-$last")
+    command -v taskset >/dev/null && pin=(taskset -c "$first-$(( first + per_job - 1 ))")
     JAX_PLATFORMS=cpu timeout "${GRPO_TIMEOUT:-0}" "${pin[@]}" \
         python3 -m tidejax.experiments.webshop --config "$config" --seed "$seed" \
         --out "$root/s$seed" --no-progress >"$root/grpo_s$seed.log" 2>&1 &
-    first=$(( (last + 1) % cores ))
+    first=$(( first + per_job ))
 done
 wait
 for seed in "$@"; do
