@@ -19,7 +19,7 @@ for seed in "$@"; do
         >"$root/sft_s$seed.log" 2>&1 &
 done
 wait
-grep -h "sft_seconds\|SFT step .*0/\|Error" "$root"/sft_s*.log
+grep -h "sft_seconds\|SFT step [0-9]*000/\|Error" "$root"/sft_s*.log
 
 cores=${GRPO_CORES:-$(nproc)}  # cores for these jobs, from GRPO_FIRST_CORE on
 per_job=$(( cores / $# > 0 ? cores / $# : 1 ))
