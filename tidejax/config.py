@@ -79,9 +79,9 @@ class RunConfig:
     batch_groups: int = 4  # B_ideal, groups per update
     min_batch_groups: int = 2  # B_min (tide's elastic batch)
     max_turns: int = 6
-    eval_every: int = 4
+    eval_every: int = 6
     eval_groups: int = 8  # distinct held-out goals per evaluation
-    eval_samples: int = 4  # episodes per goal (sampled at rollout.eval_temperature)
+    eval_samples: int = 2  # episodes per goal (sampled at rollout.eval_temperature)
     checkpoint_every: int = 4
     keep_checkpoints: int = 3
     micro_batch_tokens: int = 6144
