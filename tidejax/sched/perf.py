@@ -193,6 +193,17 @@ class DecodeCurve:
             total /= self.derate
         return total
 
+    def _memory_bound_guess(self, batch: int, ctx_sum: float, dt: float, base: float) -> int:
+        """Iterations within ``dt`` from the closed form of the memory-bound sum (callers
+        correct it by a step or two against ``iters_time``)."""
+        scale = self.derate if ctx_sum < self.short_ctx * batch else 1.0
+        step = self.b * batch
+        lin = base + self.ovh - step / 2
+        budget = dt * scale
+        if step > 0:
+            return max(0, int((-lin + math.sqrt(lin * lin + 2 * step * budget)) / step))
+        return max(0, int(budget / (base + self.ovh)))
+
     def iters_reaching(self, batch: int, ctx_sum: float, dt: float) -> tuple[int, float]:
         """Smallest ``k`` with ``iters_time(batch, ctx_sum, k) >= dt`` (the first iteration
         boundary at or after ``dt``) and that time: the same search as :meth:`iters_within`
@@ -202,15 +213,7 @@ class DecodeCurve:
         time = self.iters_time
         base = self.a + self.b * ctx_sum
         if base >= self.c * batch:  # memory-bound throughout: solve the quadratic, then fix up
-            scale = self.derate if ctx_sum < self.short_ctx * batch else 1.0
-            step = self.b * batch
-            lin = base + self.ovh - step / 2
-            budget = dt * scale
-            if step > 0:
-                k = int((-lin + math.sqrt(lin * lin + 2 * step * budget)) / step)
-            else:
-                k = int(budget / (base + self.ovh))
-            k = max(0, k)
+            k = self._memory_bound_guess(batch, ctx_sum, dt, base)
             tk = time(batch, ctx_sum, k)
             while k > 0 and tk > dt:
                 k -= 1
@@ -243,15 +246,7 @@ class DecodeCurve:
             return 0
         base = self.a + self.b * ctx_sum
         if base >= self.c * batch:  # memory-bound throughout: solve the quadratic, then fix up
-            scale = self.derate if ctx_sum < self.short_ctx * batch else 1.0
-            step = self.b * batch
-            lin = base + self.ovh - step / 2
-            budget = dt * scale
-            if step > 0:
-                k = int((-lin + math.sqrt(lin * lin + 2 * step * budget)) / step)
-            else:
-                k = int(budget / (base + self.ovh))
-            k = max(0, k)
+            k = self._memory_bound_guess(batch, ctx_sum, dt, base)
             while k > 0 and self.iters_time(batch, ctx_sum, k) > dt:
                 k -= 1
             while self.iters_time(batch, ctx_sum, k + 1) <= dt:
