@@ -37,7 +37,7 @@ import argparse  # noqa: E402
 import logging  # noqa: E402
 
 from tidejax.config import RunConfig, load_run_config, run_config_from_dict  # noqa: E402
-from tidejax.runtime.job import run_job  # noqa: E402
+from tidejax.runtime.job import run_job, warm_start  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 
 
@@ -102,8 +102,6 @@ def main(argv=None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.sft_only:
         import jax
-
-        from tidejax.runtime.job import warm_start
 
         os.makedirs(run_dir, exist_ok=True)
         _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.sft.devices])

@@ -121,7 +121,13 @@ def summary_dict(summary: RunSummary) -> dict:
 def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
     """Tokenizer, model config and SFT-warm-started params (both cached in `cache_dir`);
     returns them with the seconds the warm start took."""
-    demos = expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed)
+    sft_cache = os.path.join(cache_dir, "sft_params.npz")
+    tokenizer_given = bool(cfg.tokenizer_path or cfg.hf_path
+                           or os.path.exists(os.path.join(cache_dir, "tokenizer.json")))
+    # Demonstrations feed only what is not cached yet (thousands of them in larger configs).
+    need_demos = not tokenizer_given or (cfg.sft.steps > 0 and not os.path.exists(sft_cache))
+    demos = (expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed)
+             if need_demos else [])
     tokenizer = build_tokenizer(cfg, cache_dir, demos)
     if cfg.hf_path:
         model_config, params = models.load_hf(cfg.hf_path, dtype="float32")
@@ -134,7 +140,7 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
     t0 = time.perf_counter()
     params = sft_warm_start(cfg, model_config, params,
                             demo_episode_tokens(tokenizer, cfg.env_type, demos),
-                            devices, os.path.join(cache_dir, "sft_params.npz"), writer)
+                            devices, sft_cache, writer)
     return tokenizer, model_config, params, time.perf_counter() - t0
 
 
