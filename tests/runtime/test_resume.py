@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 from tidejax.models.testing import tiny_config, tiny_params, tiny_tokenizer
-from tidejax.serving import EngineConfig, MockEngine
+from tidejax.serving import EngineConfig, MockEngine, Request
 
 from tidejax.checkpoint import Checkpointer
 from tidejax.envs import EnvPool, PoolConfig, make_tasks
@@ -24,7 +24,7 @@ from tidejax.runtime import controller as controller_module
 from tidejax.runtime import resume
 from tidejax.runtime.buffer import GlobalBuffer
 from tidejax.runtime.manager import AllRanksFailed, RolloutConfig, RolloutManager, sampling_seed
-from tidejax.runtime.rollout import RolloutWorker
+from tidejax.runtime.rollout import RankFailed, RolloutWorker
 
 GROUP = 2
 
@@ -170,6 +170,22 @@ def test_last_rank_failure_fails_fast():
 
     manager = asyncio.run(go())
     assert manager.quarantined == {0, 1} and not manager.workers
+
+
+def test_dead_worker_answers_every_later_command():
+    """Neither a turn nor a weight swap sent to a dead rank may wait forever."""
+    dead = threading.Event()
+    tok = tiny_tokenizer()
+    worker = RolloutWorker(0, DyingEngine(engine_config(), vocab_size=tok.vocab_size, dead=dead),
+                           pin_after_turn=True)
+    dead.set()
+    answers = []
+    worker.submit(Request("r0", "t0", (1, 2, 3), 4), answers.append)
+    assert worker._stopped.wait(10) and worker.failed is not None
+    swap = worker.update_weights(None, 1)  # queued after the dying thread's last drain
+    worker.submit(Request("r1", "t1", (1, 2, 3), 4), answers.append)
+    assert swap.wait(1)
+    assert len(answers) == 2 and all(isinstance(a, RankFailed) for a in answers)
 
 
 def test_controller_stops_on_last_rank_failure_with_its_checkpoint_intact(tmp_path,

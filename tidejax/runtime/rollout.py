@@ -106,10 +106,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------ commands (any thread)
     def submit(self, request: Request, on_done: Callable[[TurnResult | BaseException], None]):
-        if self.failed is not None:  # a dead rank answers at once instead of never
-            on_done(RankFailed(self.rank, self.failed))
-            return
         self._commands.put(("submit", request, on_done))
+        if self.failed is not None:  # a dead rank answers at once instead of never
+            self._answer_queued()
 
     def pin(self, task_id: Hashable) -> None:
         self._commands.put(("pin", task_id))
@@ -124,6 +123,8 @@ class RolloutWorker:
         """Swap to `params` between turns; the event is set once the new version serves."""
         done = threading.Event()
         self._commands.put(("weights", params, version, done))
+        if self.failed is not None:  # nothing will swap: do not keep the caller waiting
+            self._answer_queued()
         return done
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -167,17 +168,26 @@ class RolloutWorker:
             for callback in self._callbacks.values():
                 callback(error)
             self._callbacks.clear()
-            while True:  # submissions that raced with the failure get answered too
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if command[0] == "submit":
-                    command[2](error)
-                elif command[0] == "weights":
-                    command[3].set()
+            if self._pending_weights is not None:  # a swap that will never happen
+                self._pending_weights[2].set()
+            self._answer_queued()
         finally:
             self._stopped.set()
+
+    def _answer_queued(self) -> None:
+        """After a failure: answer every queued submit with `RankFailed` and release every
+        queued weight swap. `failed` is set before the dying thread drains and callers check
+        it after their put, so each command is taken (and answered) exactly once."""
+        error = RankFailed(self.rank, self.failed)
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "submit":
+                command[2](error)
+            elif command[0] == "weights":
+                command[3].set()
 
     def _apply(self, command) -> None:
         kind = command[0]
