@@ -15,6 +15,8 @@ import tomllib
 import typing
 from typing import Any
 
+from tidejax.envs.protocol import SPLITS
+from tidejax.envs.webshop import WebShopConfig
 from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
 from tidejax.runtime.manager import RolloutConfig
 from tidejax.serving.config import EngineConfig
@@ -80,7 +82,8 @@ class RunConfig:
     min_batch_groups: int = 2  # B_min (tide's elastic batch)
     max_turns: int = 6
     eval_every: int = 6
-    eval_groups: int = 8  # distinct held-out goals per evaluation
+    eval_groups: int = 8  # distinct goals per evaluation
+    eval_split: str = "eval"  # held-out goals; "train" measures the goals GRPO trains on
     eval_samples: int = 2  # episodes per goal (sampled at rollout.eval_temperature)
     checkpoint_every: int = 4
     keep_checkpoints: int = 3
@@ -90,6 +93,9 @@ class RunConfig:
     env_servers: tuple[str, ...] = ()
     long_tail_fraction: float = 0.25
     topology: TopologyConfig = TopologyConfig()
+    # The shop (catalogue size, goals per product, observation mode) for env_type webshop;
+    # env servers given by env_servers must be started with the same settings.
+    webshop: WebShopConfig = WebShopConfig()
     # 256 pages x 16 tokens per rank: a few WebShop contexts, so KV memory is contended.
     engine: EngineConfig = EngineConfig(page_size=16, num_pages=256, max_slots=8,
                                         max_pages_per_seq=96, prefill_buckets=(256, 768))
@@ -118,6 +124,9 @@ class RunConfig:
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RunConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_split not in SPLITS:
+            raise ValueError(f"RunConfig.eval_split must be one of {SPLITS}, "
+                             f"got {self.eval_split!r}")
         if self.env_time_scale < 0:
             raise ValueError(f"RunConfig.env_time_scale must be >= 0, got {self.env_time_scale}")
         if not 0 <= self.long_tail_fraction <= 1:
@@ -135,6 +144,10 @@ class RunConfig:
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """make_env keyword arguments for this run's env type."""
+        return {"webshop": dataclasses.asdict(self.webshop)}.get(self.env_type, {})
 
 
 def _build(cls, data: Any, path: str):

@@ -12,6 +12,7 @@ from tidejax.envs import (
     LatencySpec,
     Task,
     env_types,
+    expert_demonstrations,
     get_catalogue,
     get_spec,
     make_env,
@@ -97,3 +98,22 @@ def test_envs_never_import_jax():
         "assert 'jax' not in sys.modules, 'jax imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_smaller_shop_draws_goals_and_demos_from_its_own_splits():
+    """env kwargs that shrink the catalogue shrink the splits tasks and demos draw from."""
+    small = {"catalogue": {"n_products": 60, "seed": 3}}
+    sizes = get_spec("webshop").sizes(small)
+    assert sizes == {k: len(v) for k, v in make_env("webshop", **small).catalogue.splits.items()}
+    assert sizes["eval"] < get_spec("webshop").split_sizes["eval"]
+    assert get_spec("webshop").sizes(None) == get_spec("webshop").split_sizes
+    tasks = make_tasks("webshop", "eval", sizes["eval"], group_size=1, seed=0, env_kwargs=small)
+    assert sorted(t.goal_index for t in tasks) == list(range(sizes["eval"]))  # the small split
+    env = make_env("webshop", **small)
+    demos = expert_demonstrations("webshop", 5, seed=0, env_kwargs=small)
+    assert len(demos) == 5 and all(d.won for d in demos)
+    asins = {p.asin for p in env.catalogue.products}
+    clicked = {a[len("click["):-1] for d in demos for _, a in d.turns if a.startswith("click[")}
+    assert clicked & asins  # the demos bought from the small shop's products
+    with pytest.raises(ValueError, match="n_products"):
+        make_env("webshop", catalogue={"n_products": 10})

@@ -1,6 +1,7 @@
 """Trainer on submeshes: same loss and update on 1/2/4/6 devices, accumulation, decoupled
 ref/actor on separate submeshes, SFT."""
 
+import dataclasses
 import functools
 
 import chex
@@ -164,3 +165,23 @@ def test_init_from_seed_is_born_sharded():
     abstract = tr.abstract_state()
     chex.assert_trees_all_equal_shapes_and_dtypes(state, abstract)
     assert int(state.step) == 0
+
+
+def test_a_grpo_step_moves_log_probs_the_way_the_advantages_point():
+    """On-policy data (behaviour = current log-probs): one update raises the log-prob of
+    every positive-advantage sequence and lowers every negative one."""
+    tr = trainer(1)
+    mb1, *_ = data()
+    state = tr.init_state(0, params=random_params(CFG))
+    seg_adv = np.where(mb1.segment_ids > 0, 1.0, 0.0) * np.where(
+        np.arange(B)[:, None] % 2 == 0, 1.0, -1.0)  # rows alternate +1 / -1
+    logp_before = np.asarray(tr.ref_logprobs(state.params, tr.put(mb1)))
+    batch = dataclasses.replace(mb1, advantages=seg_adv.astype(np.float32),
+                                behaviour_logp=logp_before * mb1.loss_mask)
+    denom = loss_denominator([batch], RL.loss.loss_agg)
+    accum = tr.actor_grads(state.params, tr.put(batch), tr.put(logp_before), denom,
+                           tr.zero_accum())
+    state, _ = tr.apply_update(state, accum)
+    logp_after = np.asarray(tr.ref_logprobs(state.params, tr.put(batch)))
+    change = ((logp_after - logp_before) * mb1.loss_mask).sum(axis=1)
+    assert np.all(change[::2] > 0) and np.all(change[1::2] < 0), change

@@ -98,6 +98,39 @@ def test_sampling_seed_depends_on_what_the_turn_is_not_when_it_ran():
     assert a and a == b
 
 
+def test_every_evaluation_samples_its_goals_with_the_same_seeds():
+    """Common random numbers: evaluations of versions 0 and 3 (same goals) draw the same
+    seeds turn by turn; the samples of one goal and training turns draw their own."""
+
+    async def eval_seeds():
+        manager, _, pool = make_manager(seed=5)
+        seen = {}
+        sampling = manager._sampling
+
+        def record(rec):
+            params = sampling(rec)
+            seen[(rec.task.task_id, rec.episode.turns)] = params.seed
+            return params
+
+        manager._sampling = record
+        for version in (0, 3):
+            tasks = make_tasks("webshop", "eval", 3, GROUP, seed=7, max_turns=3,
+                               prefix=f"eval_v{version}")
+            manager.add_groups(tasks, GROUP, is_eval=True, eval_version=version)
+        manager.add_groups(make_tasks("webshop", "eval", 3, GROUP, seed=7, max_turns=3,
+                                      prefix="train0"), GROUP)  # the same goals, as training
+        await asyncio.wait_for(manager.wait_idle(), timeout=120)
+        await shutdown(manager, pool)
+        return seen
+
+    seen = asyncio.run(eval_seeds())
+    by_prefix = {p: {k[0].split("-", 1)[1] + f"/{k[1]}": s for k, s in seen.items()
+                     if k[0].startswith(p)} for p in ("eval_v0", "eval_v3", "train0")}
+    assert by_prefix["eval_v0"] and by_prefix["eval_v0"] == by_prefix["eval_v3"]
+    assert len(set(by_prefix["eval_v0"].values())) == len(by_prefix["eval_v0"])
+    assert not set(by_prefix["train0"].values()) & set(by_prefix["eval_v0"].values())
+
+
 def test_snapshot_restores_ready_groups_exactly_and_restarts_inflight_tasks(tmp_path):
     tasks = make_tasks("webshop", "train", 6, GROUP, seed=2, max_turns=3)
 

@@ -168,6 +168,7 @@ def _bad_configs() -> Row:
         "rl.optim.lr": {"rl": {"optim": {"lr": -1.0}}},
         "topology.rollout_ranks": {"topology": {"rollout_ranks": 8}},
         "row_len": {"row_len": 99999},
+        "webshop.catalogue.n_products": {"webshop": {"catalogue": {"n_products": 3}}},
         "unknown field": {"learning_rate": 1.0},
     }
     named = 0

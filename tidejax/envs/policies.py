@@ -201,7 +201,7 @@ def expert_demonstrations(
     spec = get_spec(env_type)
     env = make_env(env_type, **(env_kwargs or {}))
     expert = spec.expert(env)
-    order = np.random.default_rng(seed).permutation(spec.split_sizes[split])
+    order = np.random.default_rng(seed).permutation(spec.sizes(env_kwargs)[split])
     out: list[Episode] = []
     for goal_index in order:
         if len(out) == n:

@@ -29,6 +29,8 @@ class EnvSpec:
     latency: LatencySpec
     action_format: str  # prompt text describing the actions a model may write
     expert: Callable[[Any], Policy]  # expert(env) -> a policy that reads that env's state
+    # Goals per split for factory(**kwargs); None when kwargs never change the splits.
+    split_sizes_for: Callable[..., Mapping[str, int]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -39,6 +41,12 @@ class EnvSpec:
             if self.split_sizes.get(split, 0) < 1:
                 raise ValueError(f"split_sizes[{split!r}] must be >= 1")
         object.__setattr__(self, "split_sizes", dict(self.split_sizes))
+
+    def sizes(self, env_kwargs: Mapping[str, Any] | None = None) -> dict[str, int]:
+        """Goals per split of the env that make_env(name, **env_kwargs) builds."""
+        if not env_kwargs or self.split_sizes_for is None:
+            return dict(self.split_sizes)
+        return dict(self.split_sizes_for(**env_kwargs))
 
 
 _BUILTIN_MODULES = {"webshop": "tidejax.envs.webshop", "household": "tidejax.envs.household"}
@@ -88,12 +96,14 @@ def make_tasks(
     max_turns: int | None = None,
     long_tail_fraction: float = 0.0,
     prefix: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> list[Task]:
     """GRPO groups: `n_groups` distinct goals of `split`, each repeated `group_size` times.
 
     Goals are drawn without replacement while the split has enough of them. A group is
     of kind "long_tail" with probability `long_tail_fraction` (its env calls then draw
-    from the heavier latency tail). Ids are stable for a given seed.
+    from the heavier latency tail). Ids are stable for a given seed. `env_kwargs` are
+    those the envs are built with (they may change how many goals a split has).
     """
     spec = get_spec(env_type)
     if split not in SPLITS:
@@ -105,7 +115,7 @@ def make_tasks(
     if not 0.0 <= long_tail_fraction <= 1.0:
         raise ValueError(f"long_tail_fraction must be in [0, 1], got {long_tail_fraction}")
     turns = spec.default_max_turns if max_turns is None else max_turns
-    size = spec.split_sizes[split]
+    size = spec.sizes(env_kwargs)[split]
     rng = np.random.default_rng(seed)
     goals = rng.choice(size, size=n_groups, replace=n_groups > size)
     long_tail = rng.random(n_groups) < long_tail_fraction

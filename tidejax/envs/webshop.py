@@ -56,6 +56,11 @@ class WebShopConfig:
     observation_mode: Literal["text", "text_rich"] = "text"
 
     def __post_init__(self) -> None:
+        if isinstance(self.catalogue, dict):  # env kwargs that came as JSON or TOML
+            object.__setattr__(self, "catalogue", CatalogueConfig(**self.catalogue))
+        if not isinstance(self.catalogue, CatalogueConfig):
+            raise ValueError(f"catalogue must be a CatalogueConfig or a dict of its fields, "
+                             f"got {type(self.catalogue).__name__}")
         if self.observation_mode not in ("text", "text_rich"):
             raise ValueError(
                 f"observation_mode must be 'text' or 'text_rich', got {self.observation_mode!r}"
@@ -305,6 +310,10 @@ class WebShopEnv:
         }
 
 
+def _split_sizes(**env_kwargs: Any) -> dict[str, int]:
+    return WebShopConfig(**env_kwargs).catalogue.split_sizes()
+
+
 def _expert(env: Any) -> Any:
     from tidejax.envs.policies import WebShopExpert
 
@@ -317,6 +326,7 @@ register(
         factory=WebShopEnv,
         default_max_turns=DEFAULT_MAX_TURNS,
         split_sizes=CatalogueConfig().split_sizes(),
+        split_sizes_for=_split_sizes,
         latency=WEBSHOP_LATENCY,
         action_format=ACTION_FORMAT,
         expert=_expert,

@@ -205,7 +205,7 @@ class Controller:
         tasks = make_tasks(cfg.env_type, "train", n_groups, cfg.group_size,
                            seed=cfg.seed * 100_003 + self.data_cursor,
                            max_turns=cfg.max_turns, long_tail_fraction=cfg.long_tail_fraction,
-                           prefix=f"train{self.data_cursor}")
+                           prefix=f"train{self.data_cursor}", env_kwargs=cfg.env_kwargs())
         self.data_cursor += n_groups
         return tasks
 
@@ -218,9 +218,9 @@ class Controller:
 
     def _queue_eval(self, manager: RolloutManager) -> None:
         cfg = self.cfg
-        tasks = make_tasks(cfg.env_type, "eval", cfg.eval_groups, cfg.eval_samples,
+        tasks = make_tasks(cfg.env_type, cfg.eval_split, cfg.eval_groups, cfg.eval_samples,
                            seed=cfg.seed + 7, max_turns=cfg.max_turns,
-                           prefix=f"eval_v{self.version}")
+                           prefix=f"eval_v{self.version}", env_kwargs=cfg.env_kwargs())
         manager.add_groups(tasks, cfg.eval_samples, is_eval=True, eval_version=self.version)
 
     async def _wait_eval(self, manager: RolloutManager, version: int, timeout: float = 600.0):

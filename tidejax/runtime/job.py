@@ -18,7 +18,7 @@ import jax
 from tidejax import models
 from tidejax.checkpoint import CheckpointError, Checkpointer
 from tidejax.config import RunConfig
-from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations
+from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations, local_env_factory
 from tidejax.envs.latency import LatencyModel
 from tidejax.envs.policies import action_format
 from tidejax.metrics import MetricsWriter, TraceRecorder
@@ -44,19 +44,19 @@ def build_tokenizer(cfg: RunConfig, run_dir: str, demos) -> models.Tokenizer:
         for obs, action in episode.turns:
             texts += [obs, action]
     tokenizer = models.train_bpe(texts, cfg.tokenizer_vocab,
-                                 added_tokens=domain_tokens(cfg.env_type))
+                                 added_tokens=domain_tokens(cfg))
     tokenizer.save(path)
     return tokenizer
 
 
-def domain_tokens(env_type: str) -> list[str]:
+def domain_tokens(cfg: RunConfig) -> list[str]:
     """Identifiers a small model should read and write as one token each: WebShop's
     product ids (random 10-character strings that BPE would cut into many pieces)."""
-    if env_type != "webshop":
+    if cfg.env_type != "webshop":
         return []
     from tidejax.envs.webshop_catalogue import get_catalogue
 
-    return sorted({p.asin for p in get_catalogue().products})
+    return sorted({p.asin for p in get_catalogue(cfg.webshop.catalogue).products})
 
 
 def demo_episode_tokens(tokenizer, env_type: str, demos) -> list[EpisodeTokens]:
@@ -79,7 +79,8 @@ def make_pool(cfg: RunConfig) -> EnvPool:
     pool_cfg = PoolConfig(capacity=cfg.rollout.env_capacity)
     if cfg.env_servers:
         return EnvPool(pool_cfg, addresses=list(cfg.env_servers), latency=latency)
-    return EnvPool(pool_cfg, latency=latency)
+    return EnvPool(pool_cfg, latency=latency,
+                   env_factory=local_env_factory({cfg.env_type: cfg.env_kwargs()}))
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -126,7 +127,8 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
                            or os.path.exists(os.path.join(cache_dir, "tokenizer.json")))
     # Demonstrations feed only what is not cached yet (thousands of them in larger configs).
     need_demos = not tokenizer_given or (cfg.sft.steps > 0 and not os.path.exists(sft_cache))
-    demos = (expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed)
+    demos = (expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed,
+                                   env_kwargs=cfg.env_kwargs())
              if need_demos else [])
     tokenizer = build_tokenizer(cfg, cache_dir, demos)
     if cfg.hf_path:

@@ -16,8 +16,10 @@ Concurrency (all on one asyncio loop, the controller's):
   that failed for good is dropped whole, with its reason: never trained half-done.
 - Sampling is reproducible: a turn's seed is a hash of (run seed, task id, turn, attempt),
   never drawn in completion order, so the same tasks give the same tokens whatever the
-  timing, the rank or the batch they share. Task ids carry the data cursor (training) or
-  the policy version (evaluation), so no two turns of a run share a seed.
+  timing, the rank or the batch they share. Training task ids carry the data cursor, so
+  no two training turns share a seed. Evaluation deliberately reuses seeds: sample k of
+  goal g gets the same seeds at every version (common random numbers), so a change in
+  eval success between versions comes from the policy, not from the dice.
 - If every rollout rank has been quarantined, `failure` is set, `wait_idle` and
   `raise_if_failed` raise `AllRanksFailed`: the run stops instead of waiting forever.
 """
@@ -65,6 +67,13 @@ def sampling_seed(run_seed: int, task_id: str, turn: int, attempt: int) -> int:
     digest = hashlib.blake2b(f"{run_seed}/{task_id}/{turn}/{attempt}".encode(),
                              digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def _seed_key(rec: TaskRecord) -> str:
+    if rec.group.is_eval:  # the same at every version: split, goal and sample index
+        sample = rec.task.task_id.rsplit("-", 1)[-1]
+        return f"eval/{rec.task.split}/{rec.task.goal_index}/{sample}"
+    return rec.task.task_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,7 +431,7 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ task loop
     def _sampling(self, rec: TaskRecord) -> SamplingParams:
-        seed = sampling_seed(self._seed, rec.task.task_id, rec.episode.turns, rec.attempts)
+        seed = sampling_seed(self._seed, _seed_key(rec), rec.episode.turns, rec.attempts)
         temperature = (self.config.eval_temperature if rec.group.is_eval
                        else self.config.temperature)
         return SamplingParams(temperature=temperature, max_new_tokens=self.config.max_new_tokens,

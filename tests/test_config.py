@@ -1,0 +1,33 @@
+"""RunConfig: the shop table and the env kwargs it hands to every env the job builds."""
+
+import pytest
+
+from tidejax.config import RunConfig, run_config_from_dict
+from tidejax.envs import get_spec, make_env
+
+
+def test_webshop_table_sets_the_shop_every_env_is_built_with():
+    cfg = run_config_from_dict({"webshop": {"catalogue": {"n_products": 60,
+                                                          "goals_per_product": 5}}})
+    kwargs = cfg.env_kwargs()
+    env = make_env("webshop", **kwargs)
+    assert len(env.catalogue.products) == 60
+    assert get_spec("webshop").sizes(kwargs)["train"] == len(env.catalogue.splits["train"])
+    assert RunConfig(env_type="household").env_kwargs() == {}
+    assert len(make_env("webshop", **RunConfig().env_kwargs()).catalogue.products) == 1500
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"webshop": {"catalogue": {"n_products": 3}}}, "webshop.catalogue: n_products"),
+    ({"webshop": {"catalogue": {"size": 3}}}, "webshop.catalogue.size"),
+    ({"webshop": {"observation_mode": "html"}}, "webshop: observation_mode"),
+])
+def test_bad_shop_settings_name_the_field(over, field):
+    with pytest.raises(ValueError, match=field):
+        run_config_from_dict(over)
+
+
+def test_eval_split_must_be_a_split():
+    assert run_config_from_dict({"eval_split": "train"}).eval_split == "train"
+    with pytest.raises(ValueError, match="eval_split"):
+        run_config_from_dict({"eval_split": "dev"})
