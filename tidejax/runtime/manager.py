@@ -22,6 +22,8 @@ Concurrency (all on one asyncio loop, the controller's):
   eval success between versions comes from the policy, not from the dice.
 - If every rollout rank has been quarantined, `failure` is set, `wait_idle` and
   `raise_if_failed` raise `AllRanksFailed`: the run stops instead of waiting forever.
+  Both also quarantine ranks whose thread has died, since a rank can die with no turn of
+  its own left to report it; `wait_idle` looks every 0.5 s.
 """
 
 from __future__ import annotations
@@ -236,10 +238,19 @@ class RolloutManager:
         return sum(t.state not in ("pending", "done", "failed") for t in self._tasks.values())
 
     async def wait_idle(self) -> None:
-        await self._idle.wait()
+        while True:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=0.5)
+                break
+            except asyncio.TimeoutError:
+                self.raise_if_failed()  # a rank can die with no turn left to report it
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:
+        """Raise `AllRanksFailed` once no rank is left; quarantines ranks found dead first."""
+        for rank, worker in list(self.workers.items()):
+            if worker.failed is not None:
+                self.quarantine(rank)
         if self.failure is not None:
             raise self.failure
 
