@@ -70,6 +70,20 @@ async def shutdown(manager, pool):
     await pool.aclose()
 
 
+def record_seeds(manager) -> dict:
+    """{(task id, turn): sampling seed}, filled in as the manager samples turns."""
+    seen = {}
+    sampling = manager._sampling
+
+    def record(rec):
+        params = sampling(rec)
+        seen[(rec.task.task_id, rec.episode.turns)] = params.seed
+        return params
+
+    manager._sampling = record
+    return seen
+
+
 def test_sampling_seed_depends_on_what_the_turn_is_not_when_it_ran():
     assert sampling_seed(0, "train0-g1-t0", 2, 1) == sampling_seed(0, "train0-g1-t0", 2, 1)
     seeds = {sampling_seed(s, t, turn, a) for s in (0, 1) for t in ("a", "b")
@@ -78,15 +92,7 @@ def test_sampling_seed_depends_on_what_the_turn_is_not_when_it_ran():
 
     async def seeds_of(scheduler, ranks, env_capacity):
         manager, _, pool = make_manager(scheduler, ranks, env_capacity, seed=5)
-        seen = {}
-        sampling = manager._sampling
-
-        def record(rec):
-            params = sampling(rec)
-            seen[(rec.task.task_id, rec.episode.turns)] = params.seed
-            return params
-
-        manager._sampling = record
+        seen = record_seeds(manager)
         manager.add_groups(make_tasks("webshop", "train", 4, GROUP, seed=1, max_turns=3), GROUP)
         await asyncio.wait_for(manager.wait_idle(), timeout=120)
         await shutdown(manager, pool)
@@ -104,15 +110,7 @@ def test_every_evaluation_samples_its_goals_with_the_same_seeds():
 
     async def eval_seeds():
         manager, _, pool = make_manager(seed=5)
-        seen = {}
-        sampling = manager._sampling
-
-        def record(rec):
-            params = sampling(rec)
-            seen[(rec.task.task_id, rec.episode.turns)] = params.seed
-            return params
-
-        manager._sampling = record
+        seen = record_seeds(manager)
         for version in (0, 3):
             tasks = make_tasks("webshop", "eval", 3, GROUP, seed=7, max_turns=3,
                                prefix=f"eval_v{version}")
