@@ -31,3 +31,24 @@ def test_eval_split_must_be_a_split():
     assert run_config_from_dict({"eval_split": "train"}).eval_split == "train"
     with pytest.raises(ValueError, match="eval_split"):
         run_config_from_dict({"eval_split": "dev"})
+
+
+def test_imperfect_demonstrator_setting_is_checked():
+    assert run_config_from_dict({"sft": {"skip_options": 0.5}}).sft.skip_options == 0.5
+    with pytest.raises(ValueError, match="SftConfig.skip_options"):
+        run_config_from_dict({"sft": {"skip_options": 2}})
+    with pytest.raises(ValueError, match="sft.skip_options is WebShop's"):
+        run_config_from_dict({"env_type": "household", "sft": {"skip_options": 0.5}})
+
+
+def test_the_run_demonstrations_follow_the_sft_table():
+    from tidejax.runtime.job import demonstrations
+
+    table = {"webshop": {"catalogue": {"n_products": 50, "goals_per_product": 1}},
+             "sft": {"episodes": 40}}
+    full = demonstrations(run_config_from_dict(table))
+    assert len(full) == 40 and all(d.won for d in full)
+    table["sft"]["skip_options"] = 0.5
+    imperfect = demonstrations(run_config_from_dict(table))
+    assert len(imperfect) == 40 and 0 < sum(d.won for d in imperfect) < 40
+    assert demonstrations(run_config_from_dict(table)) == imperfect  # seeded by the run seed

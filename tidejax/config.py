@@ -56,6 +56,9 @@ class SftConfig:
     batch_sequences: int = 8  # rows of row_len tokens per step (several episodes per row)
     lr: float = 3e-3
     devices: int = 2  # SFT mesh size: on fake CPU devices fewer shards run faster
+    # WebShop: the share of demonstrations in which the expert buys without choosing the
+    # instruction's options (partial reward), so imitation leaves RL something to learn.
+    skip_options: float = 0.0
 
     def __post_init__(self):
         for name in ("episodes", "steps", "batch_sequences", "devices"):
@@ -63,6 +66,8 @@ class SftConfig:
                 raise ValueError(f"SftConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"SftConfig.lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.skip_options <= 1.0:
+            raise ValueError(f"SftConfig.skip_options must be in [0, 1], got {self.skip_options}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +143,8 @@ class RunConfig:
         if self.micro_batch_tokens < self.row_len:
             raise ValueError(f"RunConfig.micro_batch_tokens ({self.micro_batch_tokens}) must be "
                              f">= row_len ({self.row_len})")
+        if self.sft.skip_options and self.env_type != "webshop":
+            raise ValueError(f"sft.skip_options is WebShop's; env_type is {self.env_type!r}")
         if self.rollout.batch_groups != self.batch_groups:
             object.__setattr__(self, "rollout",
                                dataclasses.replace(self.rollout, batch_groups=self.batch_groups))

@@ -71,3 +71,22 @@ def test_prompt_helpers():
     henv = make_env("household")
     obs, info = henv.reset(seed=0)
     assert "Admissible actions: go to " in format_prompt("household", obs, info)
+
+
+SMALL_SHOP = {"catalogue": {"n_products": 50, "goals_per_product": 1}}
+
+
+def test_imperfect_demonstrator_buys_without_options_for_a_partial_reward():
+    demos = expert_demonstrations("webshop", 66, seed=0, env_kwargs=SMALL_SHOP,
+                                  expert_kwargs={"skip_options": 0.5, "seed": 3})
+    assert len(demos) == 66  # 33 training goals, each visited twice
+    assert sorted({d.task.goal_index for d in demos}) == list(range(33))
+    imperfect = [d for d in demos if not d.won]
+    assert 0.3 < len(imperfect) / len(demos) < 0.7
+    for d in imperfect:  # bought straight from the item page: the right product, no options
+        assert d.turns[-1][1] == "click[Buy Now]" and d.turns[-2][1].startswith("click[B0")
+        assert 0.0 < d.reward < 1.0
+    full = expert_demonstrations("webshop", 66, seed=0, env_kwargs=SMALL_SHOP)
+    assert all(d.won for d in full) and full[33:] == full[:33]  # revisits repeat the expert
+    with pytest.raises(ValueError, match="skip_options"):
+        make_expert(make_env("webshop", **SMALL_SHOP), "webshop", skip_options=1.5)

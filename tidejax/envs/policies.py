@@ -7,7 +7,10 @@ and to prove the envs solvable, not to be fair opponents.
 - WebShopExpert searches with the goal's product phrase and attributes, opens the
   first listed product that would earn the full reward (scored with the env's reward
   function on the product record), clicks the wanted options and buys. If two result
-  pages hold no such product it searches again with the target product's title.
+  pages hold no such product it searches again with the target product's title. With
+  `skip_options` it is an imperfect demonstrator: in that share of episodes it buys
+  without choosing options, for a partial reward (the WebShop paper's imitation agents
+  fail the same way), which leaves RL something to learn that imitation did not.
 - HouseholdExpert knows where each kind of object is likely to be (the scene
   generator's placement priors) but not where it is: it visits and opens receptacles in
   that order until it sees one, then takes it, cleans / heats / cools it, and puts it
@@ -32,11 +35,18 @@ from tidejax.envs.webshop_reward import webshop_reward
 class WebShopExpert:
     """Reaches reward 1.0 on almost every WebShop goal; see the module docstring."""
 
-    def __init__(self, env: WebShopEnv, max_pages: int = 2):
+    def __init__(self, env: WebShopEnv, max_pages: int = 2, skip_options: float = 0.0,
+                 seed: int = 0):
+        if not 0.0 <= skip_options <= 1.0:
+            raise ValueError(f"skip_options must be in [0, 1], got {skip_options}")
         self.env = env
         self.max_pages = max_pages
+        self.skip_options = skip_options
+        self._rng = np.random.default_rng([seed, 0x5C1B])
         self._fallback = False
         self._pages_seen = 1
+        # True when this episode's mistake is deliberate: such a demonstration is kept.
+        self.imperfect_episode = False
 
     def _wanted(self, product: Product) -> dict[str, str]:
         goal = self.env.goal
@@ -52,6 +62,8 @@ class WebShopExpert:
         assert goal is not None
         if st.turn == 0:  # a new episode
             self._fallback, self._pages_seen = False, 1
+            self.imperfect_episode = bool(self.skip_options
+                                          and self._rng.random() < self.skip_options)
         cat = env.catalogue
         if st.page == "search":
             if self._fallback:
@@ -75,7 +87,7 @@ class WebShopExpert:
         if st.page == "item":
             product = cat.products[st.item]
             for name, value in self._wanted(product).items():
-                if st.selected.get(name) != value:
+                if st.selected.get(name) != value and not self.imperfect_episode:
                     return f"click[{value}]"
             return "click[Buy Now]"
         return "click[< Prev]"  # a description / features / reviews page
@@ -152,8 +164,8 @@ class RandomPolicy:
         return "look"
 
 
-def make_expert(env: TextEnv, env_type: str) -> Policy:
-    return get_spec(env_type).expert(env)
+def make_expert(env: TextEnv, env_type: str, **expert_kwargs: Any) -> Policy:
+    return get_spec(env_type).expert(env, **expert_kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,31 +204,39 @@ def expert_demonstrations(
     split: str = "train",
     only_success: bool = True,
     env_kwargs: dict[str, Any] | None = None,
+    expert_kwargs: dict[str, Any] | None = None,
 ) -> list[Episode]:
-    """`n` expert episodes on distinct goals of `split`, in a seeded order.
+    """`n` expert episodes on the goals of `split`, in a seeded order.
 
-    With `only_success`, failed episodes are skipped and further goals tried, so fewer
-    than `n` come back only if the split runs out.
+    Goals are visited in that order and revisited when `n` exceeds the split (a
+    stochastic demonstrator then gives each visit its own episode). With `only_success`,
+    failed episodes are skipped, except an imperfect demonstrator's deliberate mistakes
+    (`expert_kwargs`, e.g. WebShop's `skip_options`), which are the point of it; fewer
+    than `n` come back only if a whole pass over the split yields none.
     """
     spec = get_spec(env_type)
     env = make_env(env_type, **(env_kwargs or {}))
-    expert = spec.expert(env)
+    expert = spec.expert(env, **(expert_kwargs or {}))
     order = np.random.default_rng(seed).permutation(spec.sizes(env_kwargs)[split])
     out: list[Episode] = []
-    for goal_index in order:
-        if len(out) == n:
+    while len(out) < n:
+        before = len(out)
+        for goal_index in order:
+            if len(out) == n:
+                break
+            task = Task(
+                task_id=f"demo-{env_type}-{split}-{int(goal_index)}",
+                group_id=f"demo-{env_type}-{split}-{int(goal_index)}",
+                split=split,  # type: ignore[arg-type]
+                env_type=env_type,
+                goal_index=int(goal_index),
+                max_turns=spec.default_max_turns,
+            )
+            episode = run_episode(env, expert, task)
+            if episode.won or not only_success or getattr(expert, "imperfect_episode", False):
+                out.append(episode)
+        if len(out) == before:
             break
-        task = Task(
-            task_id=f"demo-{env_type}-{split}-{int(goal_index)}",
-            group_id=f"demo-{env_type}-{split}-{int(goal_index)}",
-            split=split,  # type: ignore[arg-type]
-            env_type=env_type,
-            goal_index=int(goal_index),
-            max_turns=spec.default_max_turns,
-        )
-        episode = run_episode(env, expert, task)
-        if episode.won or not only_success:
-            out.append(episode)
     return out
 
 

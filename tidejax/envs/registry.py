@@ -28,7 +28,8 @@ class EnvSpec:
     split_sizes: Mapping[str, int]  # goals per split for the default env config
     latency: LatencySpec
     action_format: str  # prompt text describing the actions a model may write
-    expert: Callable[[Any], Policy]  # expert(env) -> a policy that reads that env's state
+    # expert(env, **kwargs) -> a policy that reads that env's state
+    expert: Callable[..., Policy]
     # Goals per split for factory(**kwargs); None when kwargs never change the splits.
     split_sizes_for: Callable[..., Mapping[str, int]] | None = None
 

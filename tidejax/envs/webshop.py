@@ -314,10 +314,10 @@ def _split_sizes(**env_kwargs: Any) -> dict[str, int]:
     return WebShopConfig(**env_kwargs).catalogue.split_sizes()
 
 
-def _expert(env: Any) -> Any:
+def _expert(env: Any, **kwargs: Any) -> Any:
     from tidejax.envs.policies import WebShopExpert
 
-    return WebShopExpert(env)
+    return WebShopExpert(env, **kwargs)
 
 
 register(

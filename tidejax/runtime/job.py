@@ -74,6 +74,15 @@ def demo_episode_tokens(tokenizer, env_type: str, demos) -> list[EpisodeTokens]:
     return out
 
 
+def demonstrations(cfg: RunConfig):
+    """The run's SFT demonstrations: `sft.episodes` expert episodes on training goals, from
+    the imperfect demonstrator when `sft.skip_options` is set."""
+    expert_kwargs = ({"skip_options": cfg.sft.skip_options, "seed": cfg.seed}
+                     if cfg.sft.skip_options else {})
+    return expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed,
+                                 env_kwargs=cfg.env_kwargs(), expert_kwargs=expert_kwargs)
+
+
 def make_pool(cfg: RunConfig) -> EnvPool:
     latency = LatencyModel.default(time_scale=cfg.env_time_scale, seed=cfg.seed)
     pool_cfg = PoolConfig(capacity=cfg.rollout.env_capacity)
@@ -127,9 +136,7 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
                            or os.path.exists(os.path.join(cache_dir, "tokenizer.json")))
     # Demonstrations feed only what is not cached yet (thousands of them in larger configs).
     need_demos = not tokenizer_given or (cfg.sft.steps > 0 and not os.path.exists(sft_cache))
-    demos = (expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed,
-                                   env_kwargs=cfg.env_kwargs())
-             if need_demos else [])
+    demos = demonstrations(cfg) if need_demos else []
     tokenizer = build_tokenizer(cfg, cache_dir, demos)
     if cfg.hf_path:
         model_config, params = models.load_hf(cfg.hf_path, dtype="float32")
