@@ -78,11 +78,13 @@ SMALL_SHOP = {"catalogue": {"n_products": 50, "goals_per_product": 1}}
 
 def test_imperfect_demonstrator_buys_without_options_for_a_partial_reward():
     demos = expert_demonstrations("webshop", 66, seed=0, env_kwargs=SMALL_SHOP,
-                                  expert_kwargs={"skip_options": 0.5, "seed": 3})
+                                  expert_kwargs={"skip_options": 0.5})
     assert len(demos) == 66  # 33 training goals, each visited twice
     assert sorted({d.task.goal_index for d in demos}) == list(range(33))
     imperfect = [d for d in demos if not d.won]
-    assert 0.3 < len(imperfect) / len(demos) < 0.7
+    # Every goal is shown once each way; on a product without options the two look alike.
+    assert 30 <= len(imperfect) <= 33
+    assert len({d.task.goal_index for d in imperfect}) == len(imperfect)
     for d in imperfect:  # bought straight from the item page: the right product, no options
         assert d.turns[-1][1] == "click[Buy Now]" and d.turns[-2][1].startswith("click[B0")
         assert 0.0 < d.reward < 1.0

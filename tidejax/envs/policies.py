@@ -20,6 +20,7 @@ and to prove the envs solvable, not to be fair opponents.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -35,14 +36,13 @@ from tidejax.envs.webshop_reward import webshop_reward
 class WebShopExpert:
     """Reaches reward 1.0 on almost every WebShop goal; see the module docstring."""
 
-    def __init__(self, env: WebShopEnv, max_pages: int = 2, skip_options: float = 0.0,
-                 seed: int = 0):
+    def __init__(self, env: WebShopEnv, max_pages: int = 2, skip_options: float = 0.0):
         if not 0.0 <= skip_options <= 1.0:
             raise ValueError(f"skip_options must be in [0, 1], got {skip_options}")
         self.env = env
         self.max_pages = max_pages
         self.skip_options = skip_options
-        self._rng = np.random.default_rng([seed, 0x5C1B])
+        self._episodes = 0
         self._fallback = False
         self._pages_seen = 1
         # True when this episode's mistake is deliberate: such a demonstration is kept.
@@ -62,8 +62,11 @@ class WebShopExpert:
         assert goal is not None
         if st.turn == 0:  # a new episode
             self._fallback, self._pages_seen = False, 1
-            self.imperfect_episode = bool(self.skip_options
-                                          and self._rng.random() < self.skip_options)
+            # Evenly spread (k-th episode skips when floor(k * share) steps up), so any run
+            # of episodes holds the share; at 0.5 the two visits of a goal differ.
+            k, self._episodes = self._episodes, self._episodes + 1
+            self.imperfect_episode = (math.floor((k + 1) * self.skip_options)
+                                      > math.floor(k * self.skip_options))
         cat = env.catalogue
         if st.page == "search":
             if self._fallback:

@@ -77,8 +77,7 @@ def demo_episode_tokens(tokenizer, env_type: str, demos) -> list[EpisodeTokens]:
 def demonstrations(cfg: RunConfig):
     """The run's SFT demonstrations: `sft.episodes` expert episodes on training goals, from
     the imperfect demonstrator when `sft.skip_options` is set."""
-    expert_kwargs = ({"skip_options": cfg.sft.skip_options, "seed": cfg.seed}
-                     if cfg.sft.skip_options else {})
+    expert_kwargs = {"skip_options": cfg.sft.skip_options} if cfg.sft.skip_options else {}
     return expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed,
                                  env_kwargs=cfg.env_kwargs(), expert_kwargs=expert_kwargs)
 
