@@ -7,7 +7,8 @@
 #    there is one; on 2 CPU cores the default config's 500 steps take about 17 min a seed).
 # 2. GRPO for every seed at once on 8 fake CPU devices each (the job's CPU default),
 #    reusing the cached warm start; each job gets its own share of the cores.
-# Prints one `system=... sft_success=... final_success=...` line per seed.
+# Prints one `system=... sft_success=... final_success=...` line per seed, then
+# `learning_check raised_success_for=K/N`; exits non-zero unless GRPO beat SFT for every seed.
 set -u -o pipefail
 config=${CONFIG:-experiments/configs/webshop_learning.toml}
 root=$1
@@ -33,7 +34,16 @@ for seed in "$@"; do
     first=$(( first + per_job ))
 done
 wait
+raised=0
 for seed in "$@"; do
     echo "seed $seed:"
     grep -h "eval v\|^system=\|Error" "$root/grpo_s$seed.log"
+    line=$(grep -h "^system=" "$root/grpo_s$seed.log")
+    sft=$(sed -n 's/.*sft_success=\([0-9.]*\).*/\1/p' <<<"$line")
+    final=$(sed -n 's/.*final_success=\([0-9.]*\).*/\1/p' <<<"$line")
+    [ -n "$sft" ] && [ -n "$final" ] && awk -v a="$final" -v b="$sft" 'BEGIN{exit !(a > b)}' \
+        && raised=$(( raised + 1 ))
 done
+# The verdict: for how many seeds success after GRPO beat success after the warm start.
+echo "learning_check raised_success_for=$raised/$#"
+[ "$raised" -eq "$#" ]
