@@ -211,8 +211,8 @@ def expert_demonstrations(
 ) -> list[Episode]:
     """`n` expert episodes on the goals of `split`, in a seeded order.
 
-    Goals are visited in that order and revisited when `n` exceeds the split (a
-    stochastic demonstrator then gives each visit its own episode). With `only_success`,
+    Goals are visited in that order and revisited when `n` exceeds the split (an
+    imperfect demonstrator may then play each visit its own way). With `only_success`,
     failed episodes are skipped, except an imperfect demonstrator's deliberate mistakes
     (`expert_kwargs`, e.g. WebShop's `skip_options`), which are the point of it; fewer
     than `n` come back only if a whole pass over the split yields none.
