@@ -4,7 +4,7 @@
 #   bash scripts/learning_check.sh OUT_ROOT SEED [SEED ...]
 #
 # 1. The SFT warm start of every seed, at once, on the default JAX backend (a GPU when
-#    there is one; on 2 CPU cores the default config's 500 steps take about 17 min a seed).
+#    there is one; on 2 CPU cores two seeds of the default config take about 16 min).
 # 2. GRPO for every seed at once on 8 fake CPU devices each (the job's CPU default),
 #    reusing the cached warm start; each job gets its own share of the cores.
 # Prints one `system=... sft_success=... final_success=...` line per seed, then
