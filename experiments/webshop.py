@@ -35,14 +35,24 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import shlex  # noqa: E402
 
-from tidejax.config import RunConfig, load_run_config, run_config_from_dict  # noqa: E402
+from tidejax.config import (RunConfig, absolute_path, layer_overrides,  # noqa: E402
+                            read_config_file, resolve_paths, run_config_from_dict)
 from tidejax.runtime.job import run_job, warm_start  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
+from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
+
+# `--quick`: a few short steps on the same code paths (CI smoke runs). A preset, so the
+# config file and explicit flags override it field by field.
+QUICK_PRESET = {"steps": 2, "eval_every": 2, "eval_groups": 2, "eval_samples": 1,
+                "batch_groups": 2, "min_batch_groups": 1, "group_size": 2, "max_turns": 3,
+                "env_time_scale": 0.05, "checkpoint_every": 1,
+                "sft": {"steps": 2, "episodes": 8, "batch_sequences": 4}}
 
 
-def config_from_args(args) -> RunConfig:
-    base = load_run_config(args.config) if args.config else RunConfig()
+def flag_overrides(args) -> dict:
+    """The RunConfig fields set explicitly on the command line."""
     over: dict = {}
     for key in ("system", "preset", "hf_path", "tokenizer_path", "seed", "steps"):
         value = getattr(args, key)
@@ -51,22 +61,60 @@ def config_from_args(args) -> RunConfig:
     if args.env_servers:
         over["env_servers"] = [s for s in args.env_servers.split(",") if s]
     if args.devices is not None:
-        rollout = base.topology.rollout_ranks
-        if rollout >= args.devices:  # keep the default split valid on fewer devices
-            rollout = max(1, args.devices // 2)
-        over["topology"] = {"devices": args.devices, "rollout_ranks": rollout}
+        over["topology"] = {"devices": args.devices}
     if args.sft_steps is not None:
         over["sft"] = {"steps": args.sft_steps}
-    if args.quick:  # CI: a few short steps, same code paths
-        over.setdefault("steps", 2)
-        over.update(eval_every=2, eval_groups=2, eval_samples=1, batch_groups=2,
-                    min_batch_groups=1, group_size=2, max_turns=3, env_time_scale=0.05,
-                    checkpoint_every=1)
-        over["sft"] = {"steps": 2, "episodes": 8, "batch_sequences": 4}
-    return run_config_from_dict(over, base)
+    return over
 
 
-def main(argv=None) -> None:
+def config_from_args(args) -> RunConfig:
+    """Precedence, field by field: flag > config file > preset (`--quick`) > default.
+    Paths come back absolute (relative ones are read against the working directory)."""
+    preset = QUICK_PRESET if args.quick else {}
+    from_file = read_config_file(absolute_path(args.config)) if args.config else {}
+    flags = flag_overrides(args)
+    merged = layer_overrides(preset, from_file, flags)
+    if args.devices is not None and "rollout_ranks" not in from_file.get("topology", {}):
+        # Keep the default split valid on fewer devices; a split the file chose is checked.
+        rollout = merged.get("topology", {}).get("rollout_ranks",
+                                                RunConfig().topology.rollout_ranks)
+        if rollout >= args.devices:
+            merged["topology"]["rollout_ranks"] = max(1, args.devices // 2)
+    return resolve_paths(run_config_from_dict(merged))
+
+
+class CurrentStderrHandler(logging.StreamHandler):
+    """Logs to whatever `sys.stderr` is at each record, so the live progress bar, which
+    redirects it while drawn, prints log lines above itself instead of through itself."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns the stream it was given
+        pass
+
+
+def shown_path(path: str) -> str:
+    """`path` as a newcomer would type it: relative when under the working directory."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def resume_command(argv: list[str]) -> str:
+    args = [a for a in argv if a != "--resume"] + ["--resume"]
+    return " ".join(["python -m tidejax.experiments.webshop", *map(shlex.quote, args)])
+
+
+def outputs_line(run_dir: str) -> str:
+    d = shown_path(run_dir)
+    return (f"outputs in {d}/: metrics.jsonl, summary.json, plots.png (reward, goodput, "
+            f"partition), trace.json (open at ui.perfetto.dev), checkpoints/; TensorBoard: "
+            f"tensorboard --logdir {os.path.join(d, 'tensorboard')}")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="GRPO on WebShop under tidejax scheduling")
     parser.add_argument("--system", choices=("sync", "async", "stream", "tide"))
     parser.add_argument("--steps", type=int)
@@ -80,7 +128,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sft-steps", type=int)
     parser.add_argument("--out", default=None, help="run directory (default runs/webshop/<system>)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--quick", action="store_true", help="a tiny run for CI smoke tests")
+    parser.add_argument("--quick", action="store_true",
+                        help="a preset of a few tiny steps (CI smoke runs); flags override it")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--sft-only", action="store_true",
                         help="only build the tokenizer and SFT warm start into --out, on the "
@@ -89,37 +138,68 @@ def main(argv=None) -> None:
                         help="call jax.distributed.initialize() first (multi-host launch)")
     parser.add_argument("--compile-cache", default=os.path.join("runs", ".jax_cache"),
                         help="persistent XLA compilation cache directory ('' disables it)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        force=True)
+    return parser
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    # tidejax reports progress at INFO; libraries speak only when something is wrong (jax
+    # logs each platform it probes and does not find, e.g. TPU, at INFO).
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s",
+                        handlers=[CurrentStderrHandler()], force=True)
+    logging.getLogger("tidejax").setLevel(logging.INFO)
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets itself to DEBUG
     cfg = config_from_args(args)
+    stop = StopRequest().install()
     if args.distributed:
         import jax
 
         jax.distributed.initialize()
-    run_dir = args.out or os.path.join("runs", "webshop", cfg.system)
-    for noisy in ("bm25s", "absl"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    run_dir = absolute_path(args.out or os.path.join("runs", "webshop", cfg.system))
+    compile_cache = absolute_path(args.compile_cache) if args.compile_cache else None
+    log = logging.getLogger("tidejax.job")
     if args.sft_only:
         import jax
 
         os.makedirs(run_dir, exist_ok=True)
-        _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.sft.devices])
-        print(f"sft_seconds={seconds:.1f} backend={jax.default_backend()} run_dir={run_dir}")
+        try:
+            _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.sft.devices],
+                                          stop=stop)
+        except RunStopped as e:
+            log.error("warm start stopped by %s before it finished; nothing was cached",
+                      e.signal_name)
+            sys.exit(128 + e.signum)
+        print(f"sft_seconds={seconds:.1f} backend={jax.default_backend()} "
+              f"run_dir={shown_path(run_dir)}")
         return
     try:
         out = run_job(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
-                      compile_cache=args.compile_cache or None)
+                      compile_cache=compile_cache, stop=stop)
     except AllRanksFailed as e:
-        logging.getLogger("tidejax.job").error(
-            "run stopped: %s. The last checkpoint in %s is intact; restore the rollout ranks "
-            "and rerun with --resume.", e, os.path.join(run_dir, "checkpoints"))
+        log.error("run stopped: %s. The last checkpoint in %s is intact; restore the rollout "
+                  "ranks and rerun with --resume.", e,
+                  shown_path(os.path.join(run_dir, "checkpoints")))
         sys.exit(3)
+    except RunStopped as e:
+        name = e.signal_name
+        if e.step is None:
+            print(f"stopped by {name} during the warm start, before the first checkpoint; "
+                  f"rerun to start it again: {resume_command(argv)}", file=sys.stderr)
+        else:
+            print(f"stopped by {name} after step {e.step} of {cfg.steps}; checkpoint in "
+                  f"{shown_path(os.path.join(run_dir, 'checkpoints'))}. Resume with:\n  "
+                  f"{resume_command(argv)}", file=sys.stderr)
+        print(outputs_line(run_dir), file=sys.stderr)
+        sys.exit(128 + e.signum)
+    finally:
+        stop.uninstall()
     evals = out["eval_success"]
     first, last = (evals[min(evals)], evals[max(evals)]) if evals else (float("nan"),) * 2
     print(f"system={cfg.system} steps={out['steps']} goodput={out['goodput']:.1f} "
           f"kv_hit_rate={out['kv_hit_rate']:.3f} sft_success={first:.3f} "
-          f"final_success={last:.3f} run_dir={run_dir}")
+          f"final_success={last:.3f} run_dir={shown_path(run_dir)}")
+    print(outputs_line(run_dir))
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ presets: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                         num_heads=4, num_kv_heads=2, rope_theta=10_000.0,
                         tie_word_embeddings=True, max_position_embeddings=4096),
-    # Four times tiny's width per layer: the learning check's second size (still CPU-cheap).
+    # Twice tiny's width (hidden and MLP sizes), about four times its parameters per layer.
     "small": ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
                          num_heads=4, num_kv_heads=2, rope_theta=10_000.0,
                          tie_word_embeddings=True, max_position_embeddings=4096),

@@ -95,15 +95,3 @@ def param_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules,
     return jax.tree.map(
         lambda names, leaf: NamedSharding(mesh, spec_for(names, leaf.shape, rules, mesh)),
         logical_axes(config), abstract, is_leaf=lambda x: isinstance(x, tuple))
-
-
-def init_sharded_params(config: ModelConfig, key: jax.Array, mesh: Mesh,
-                        rules: LogicalRules) -> Params:
-    """Parameters born sharded: the init is jitted with the target out_shardings."""
-    shardings = param_shardings(config, mesh, rules)
-    return jax.jit(functools.partial(init_params, config), out_shardings=shardings)(key)
-
-
-def reshard(tree, shardings):
-    """Move a pytree onto new shardings (another submesh or layout)."""
-    return jax.device_put(tree, shardings)

@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import Any
 
+from tidejax.serving.paged_attention import KERNELS
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -100,8 +102,6 @@ class EngineConfig:
                              f"got {type(self.sampling).__name__}")
         if len(self.sampling.stop_token_ids) > self.max_stop_tokens:
             raise ValueError("EngineConfig.sampling has more stop_token_ids than max_stop_tokens")
-        from tidejax.serving.paged_attention import KERNELS  # avoid a cycle at import
-
         if self.attention not in KERNELS:
             raise ValueError(f"EngineConfig.attention must be one of {sorted(KERNELS)}, "
                              f"got {self.attention!r}")

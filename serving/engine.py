@@ -275,10 +275,6 @@ class Engine:
         entry = self._slots[slot]
         return None if entry is None else entry.task_id
 
-    def slot_request(self, slot: int) -> Hashable | None:
-        entry = self._slots[slot]
-        return None if entry is None else entry.request_id
-
     def free_slots(self) -> list[int]:
         return [i for i, s in enumerate(self._slots) if s is None]
 

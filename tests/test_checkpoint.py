@@ -125,3 +125,16 @@ def test_no_checkpoint_raises(tmp_path):
     with Checkpointer(str(tmp_path / "empty")) as ckpt, \
             pytest.raises(CheckpointError, match="no checkpoint"):
         ckpt.restore(trainer(2).abstract_state())
+
+
+def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):
+    """Orbax rejects relative paths; the job's default run directory is relative."""
+    monkeypatch.chdir(tmp_path)
+    state = make_state(1)
+    with Checkpointer(os.path.join("runs", "rel", "checkpoints")) as ckpt:
+        ckpt.save(1, state, ref_model=REF)
+        ckpt.wait()
+        restored = ckpt.restore(jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state))
+    assert (tmp_path / "runs" / "rel" / "checkpoints" / "1").is_dir()
+    assert_same(restored.state, state)

@@ -15,6 +15,7 @@ copied to host first, so the caller may donate the state right away); `wait` joi
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Any
 
@@ -85,6 +86,8 @@ class Checkpointer:
             raise ValueError(f"max_to_keep must be > 0, got {max_to_keep}")
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=async_save)
+        # Orbax accepts only absolute paths; callers may pass one relative to the cwd.
+        directory = os.path.abspath(directory)
         self.directory = directory
         self.verify = verify
         self._manager = ocp.CheckpointManager(directory, options=options,

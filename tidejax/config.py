@@ -3,7 +3,9 @@
 Each component keeps its own config next to its code (`ModelConfig`, `EngineConfig`,
 `RLConfig`, `RolloutConfig`, ...); `RunConfig` composes them and adds what only the job
 knows (system, steps, partition, paths). `load_run_config` reads a JSON or TOML file of
-overrides; an unknown or ill-typed field fails at start with its dotted name.
+overrides; an unknown or ill-typed field fails at start with its dotted name. Relative
+paths in a config are read against the working directory, like those on the command line
+(`resolve_paths`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from tidejax.envs.protocol import SPLITS
 from tidejax.envs.webshop import WebShopConfig
 from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
-from tidejax.runtime.manager import RolloutConfig
+from tidejax.runtime.config import RolloutConfig
 from tidejax.serving.config import EngineConfig
 
 SYSTEMS = ("sync", "async", "stream", "tide")
@@ -212,8 +214,8 @@ def _merge(base: dict, over: dict, path: str) -> dict:
     return out
 
 
-def load_run_config(path: str, base: RunConfig | None = None) -> RunConfig:
-    """Read overrides from a `.json` or `.toml` file."""
+def read_config_file(path: str) -> dict:
+    """The overrides in a `.json` or `.toml` file, as plain data (validated when built)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"config file not found: {path}")
     with open(path, "rb") as f:
@@ -223,4 +225,39 @@ def load_run_config(path: str, base: RunConfig | None = None) -> RunConfig:
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         kind = "TOML" if path.endswith(".toml") else "JSON"
         raise ValueError(f"config file {path} is not valid {kind}: {e}") from None
-    return run_config_from_dict(data, base)
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table/object")
+    return data
+
+
+def load_run_config(path: str, base: RunConfig | None = None) -> RunConfig:
+    """Read overrides from a `.json` or `.toml` file."""
+    return run_config_from_dict(read_config_file(path), base)
+
+
+def layer_overrides(*layers: dict) -> dict:
+    """Stack override dicts, later layers winning field by field (nested tables merge)."""
+    out: dict = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict):  # copied, so callers may edit the result
+                out[key] = layer_overrides(out.get(key) if isinstance(out.get(key), dict)
+                                           else {}, value)
+            else:
+                out[key] = value
+    return out
+
+
+PATH_FIELDS = ("hf_path", "tokenizer_path")
+
+
+def absolute_path(path: str) -> str:
+    """`path` with `~` expanded, made absolute against the working directory."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def resolve_paths(cfg: RunConfig) -> RunConfig:
+    """The config with every path field absolute (relative ones are read against the
+    working directory, as on the command line), so no later chdir or library changes them."""
+    return cfg.replace(**{name: absolute_path(getattr(cfg, name)) for name in PATH_FIELDS
+                          if getattr(cfg, name)})

@@ -14,6 +14,12 @@ import time
 from typing import Any
 
 
+def format_eta(seconds: float) -> str:
+    """Seconds as `MmSSs`, for progress lines."""
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
 class GoodputMeter:
     """Counts generated, consumed and dropped tokens against a wall clock (thread-safe)."""
 

@@ -18,7 +18,7 @@ from tidejax.envs import (
     make_env,
     make_tasks,
 )
-from tidejax.envs.latency import Z99
+from tidejax.envs.latency_spec import Z99
 
 
 def test_task_validation_names_the_field():

@@ -137,8 +137,7 @@ def _batch(logp_behaviour, adv):
     one = jnp.ones((1, 3), jnp.int32)
     return Batch(tokens=one, positions=jnp.arange(3)[None], segment_ids=one,
                  loss_mask=jnp.array([[0.0, 1.0, 1.0]]), behaviour_logp=logp_behaviour,
-                 policy_version=jnp.zeros((1, 3), jnp.int32), advantages=adv,
-                 group_ids=jnp.zeros((1, 3), jnp.int32))
+                 policy_version=jnp.zeros((1, 3), jnp.int32), advantages=adv)
 
 
 def test_rl_loss_adds_the_kl_term_by_hand():
@@ -178,7 +177,7 @@ def test_build_batch_packs_rows_by_hand():
     np.testing.assert_array_equal(b.tokens[0], [10, 11, 12, 10, 11])
     np.testing.assert_array_equal(b.loss_mask, [[0, 1, 1, 0, 1], [0, 1, 1, 1, 0], [0] * 5])
     np.testing.assert_array_equal(b.advantages[0], [0.5, 0.5, 0.5, 2.0, 2.0])
-    np.testing.assert_array_equal(b.group_ids[1], [1, 1, 1, 1, -1])
+    np.testing.assert_array_equal(b.advantages[1], [-1.0, -1.0, -1.0, -1.0, 0.0])
     # 6 generated tokens; 3 sequences.
     assert loss_denominator([b], "token-mean") == 6
     assert loss_denominator([b], "seq-mean-token-sum") == 3

@@ -140,3 +140,79 @@ def test_sigkill_mid_step_then_resume_equals_uninterrupted(tmp_path):
         for key in ("loss/kl", "loss/grad_norm", "train_reward"):
             np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=0, err_msg=key)
     assert max_abs_diff(a["opt_state"], b["opt_state"]) <= 1e-6
+
+
+def wait_for(predicate, proc, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert proc.poll() is None, f"job ended before {what}: {proc.returncode}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def stop_cmd(tmp_path, out, *extra):
+    """`--quick` with a config file that writes no scheduled checkpoint: the only checkpoint
+    of an interrupted run is the one the stop writes."""
+    config = tmp_path / "stop.json"
+    config.write_text(json.dumps({"steps": 4, "checkpoint_every": 0}))
+    return [sys.executable, "-m", "tidejax.experiments.webshop", "--quick", "--config",
+            str(config), "--sft-steps", "0", "--devices", str(DEVICES), "--out", str(out),
+            "--compile-cache", str(tmp_path / "cache"), *extra]
+
+
+def test_sigterm_checkpoints_at_the_next_boundary_then_resume_finishes(tmp_path):
+    out = tmp_path / "run"
+    log_path = tmp_path / "stopped.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(stop_cmd(tmp_path, out), cwd=ROOT, env=job_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: 1 in step_records_or_empty(out), proc, 900, "step 1")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    stopped_at = finished_steps(out)
+    assert len(stopped_at) == 1 and 1 <= stopped_at[0] < 4, (stopped_at, text[-2000:])
+    assert sorted(step_records(out)) == list(range(1, stopped_at[0] + 1))
+    match = re.search(r"Resume with:\n\s+(.+)", text)
+    assert match, text[-2000:]
+    printed = match.group(1).split()
+    assert printed[:3] == ["python", "-m", "tidejax.experiments.webshop"]
+    assert printed[-1] == "--resume"
+
+    resumed = subprocess.run([sys.executable, *printed[1:]], cwd=ROOT, env=job_env(),
+                             capture_output=True, text=True, timeout=1200, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {stopped_at[0]}" in resumed.stderr
+    assert sorted(step_records(out)) == [1, 2, 3, 4]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4 - stopped_at[0]
+
+
+def step_records_or_empty(run_dir) -> dict[int, dict]:
+    return step_records(run_dir) if (run_dir / "metrics.jsonl").exists() else {}
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    out = tmp_path / "run"
+    log_path = tmp_path / "twice.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(stop_cmd(tmp_path, out), cwd=ROOT, env=job_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: (out / "config.json").exists(), proc, 300, "the run to start")
+            proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: "stopping at the next safe boundary" in log_path.read_text(),
+                     proc, 60, "the first signal's message")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert "SIGTERM again: exiting now" in text

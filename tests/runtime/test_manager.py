@@ -11,7 +11,8 @@ from tidejax.envs.latency import LatencyModel
 from tidejax.envs.pool import local_env_factory
 from tidejax.models.testing import tiny_tokenizer
 from tidejax.runtime.buffer import GlobalBuffer
-from tidejax.runtime.manager import RolloutConfig, RolloutManager
+from tidejax.runtime.config import RolloutConfig
+from tidejax.runtime.manager import RolloutManager
 from tidejax.runtime.rollout import RolloutWorker
 from tidejax.serving import EngineConfig, MockEngine
 

@@ -23,7 +23,8 @@ from tidejax.rl.testing import FAST_COMPILE
 from tidejax.runtime import controller as controller_module
 from tidejax.runtime import resume
 from tidejax.runtime.buffer import GlobalBuffer
-from tidejax.runtime.manager import AllRanksFailed, RolloutConfig, RolloutManager, sampling_seed
+from tidejax.runtime.config import RolloutConfig
+from tidejax.runtime.manager import AllRanksFailed, RolloutManager, sampling_seed
 from tidejax.runtime.rollout import RankFailed, RolloutWorker
 
 GROUP = 2

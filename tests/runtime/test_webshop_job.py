@@ -1,44 +1,72 @@
-"""The WebShop job end to end (shortened), as a user runs it: outputs, then --resume."""
+"""The WebShop job end to end (shortened), as a user runs it: from the repository root,
+through the CLI, with a relative run directory and the default compilation cache; then
+--resume."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import uuid
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_job(out, cache, *extra):
+def run_job(out, *extra):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the job sets its own device count
-    cmd = [sys.executable, "-m", "tidejax.experiments.webshop", "--quick", "--no-progress",
-           "--devices", "4", "--out", str(out), "--compile-cache", str(cache), *extra]
+    cmd = [sys.executable, "-m", "tidejax.experiments.webshop", "--quick", "--devices", "4",
+           "--out", out, *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
 
-def test_quick_job_writes_outputs_and_resumes(tmp_path):
-    out, cache = tmp_path / "run", tmp_path / "cache"
-    first = run_job(out, cache)
+@pytest.fixture
+def relative_run_dir():
+    """A fresh run directory under the repository's runs/ (ignored by git), given relative."""
+    rel = os.path.join("runs", "test-job", uuid.uuid4().hex[:8])
+    yield rel
+    shutil.rmtree(os.path.join(ROOT, rel), ignore_errors=True)
+
+
+def assert_clean_output(proc):
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text[-3000:]
+    assert "Unable to initialize backend" not in text
+    assert "WARNING" not in text, [line for line in text.splitlines() if "WARNING" in line]
+
+
+def test_quick_job_writes_outputs_and_resumes(relative_run_dir):
+    first = run_job(relative_run_dir)
     assert first.returncode == 0, first.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    assert_clean_output(first)
+    out = os.path.join(ROOT, relative_run_dir)
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
     assert summary["steps"] == 2 and summary["consumed_tokens"] > 0
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2]
     evals = [r for r in steps if r["kind"] == "eval"]
     transcripts = [r for r in steps if r["kind"] == "eval_episode"]
     assert evals and len(transcripts) == sum(r["episodes"] for r in evals)
     assert all(t["actions"] and t["end"] in ("env_done", "context_cap") for t in transcripts)
     for name in ("trace.json", "plots.png", "tokenizer.json", "sft_params.npz"):
-        assert (out / name).exists(), name
-    assert (out / "tensorboard").is_dir() and any((out / "checkpoints").iterdir())
+        assert os.path.exists(os.path.join(out, name)), name
+    assert os.path.isdir(os.path.join(out, "tensorboard"))
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["1", "2"]
     assert "system=tide steps=2" in first.stdout
+    last = first.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"outputs in {relative_run_dir}/: metrics.jsonl"), last
+    assert f"tensorboard --logdir {relative_run_dir}/tensorboard" in last
+    assert "step 2/2:" in first.stderr and " eta " in first.stderr  # progress with an ETA
 
-    resumed = run_job(out, cache, "--resume", "--steps", "3")
+    resumed = run_job(relative_run_dir, "--resume", "--steps", "3")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 2" in resumed.stderr
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3]
 
 

@@ -26,7 +26,8 @@ from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations, make_tasks 
 from tidejax.envs.latency import LatencyModel  # noqa: E402
 from tidejax.runtime.buffer import GlobalBuffer  # noqa: E402
 from tidejax.runtime.job import build_tokenizer  # noqa: E402
-from tidejax.runtime.manager import RolloutConfig, RolloutManager  # noqa: E402
+from tidejax.runtime.config import RolloutConfig  # noqa: E402
+from tidejax.runtime.manager import RolloutManager  # noqa: E402
 from tidejax.runtime.rollout import RolloutWorker  # noqa: E402
 from tidejax.serving import EngineConfig, make_engine  # noqa: E402
 

@@ -29,7 +29,8 @@ from tidejax.envs.pool import local_env_factory  # noqa: E402
 from tidejax.models.testing import tiny_tokenizer  # noqa: E402
 from tidejax.runtime import resume  # noqa: E402
 from tidejax.runtime.buffer import GlobalBuffer  # noqa: E402
-from tidejax.runtime.manager import RolloutConfig, RolloutManager  # noqa: E402
+from tidejax.runtime.config import RolloutConfig  # noqa: E402
+from tidejax.runtime.manager import RolloutManager  # noqa: E402
 from tidejax.runtime.rollout import RolloutWorker  # noqa: E402
 from tidejax.serving import EngineConfig, MockEngine  # noqa: E402
 

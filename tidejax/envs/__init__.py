@@ -2,23 +2,17 @@
 EnvPool (latency, concurrency cap, timeouts, fault isolation) and an HTTP env server.
 
 Importing this package does not build any catalogue; envs build (and cache) theirs on
-first use.
+first use. It imports the built-in envs, which registers them (see `registry`).
 """
 
 from tidejax.envs.client import RemoteEnv, RemoteEnvError, RemoteEnvFactory
 from tidejax.envs.faults import FaultConfig, FaultInjector, InjectedFault
-from tidejax.envs.household import HouseholdConfig, HouseholdEnv, HouseholdGoal
-from tidejax.envs.latency import (
-    HOUSEHOLD_LATENCY,
-    WEBSHOP_LATENCY,
-    LatencyModel,
-    LatencySpec,
-)
+from tidejax.envs.household import HouseholdConfig, HouseholdEnv, HouseholdExpert, HouseholdGoal
+from tidejax.envs.latency import LatencyModel
+from tidejax.envs.latency_spec import HOUSEHOLD_LATENCY, WEBSHOP_LATENCY, LatencySpec
 from tidejax.envs.policies import (
     Episode,
-    HouseholdExpert,
     RandomPolicy,
-    WebShopExpert,
     action_format,
     available_actions_text,
     expert_demonstrations,
@@ -36,7 +30,7 @@ from tidejax.envs.protocol import (
 )
 from tidejax.envs.registry import EnvSpec, env_types, get_spec, make_env, make_tasks, register
 from tidejax.envs.server import EnvServer, ServerConfig
-from tidejax.envs.webshop import WebShopConfig, WebShopEnv, parse_action
+from tidejax.envs.webshop import WebShopConfig, WebShopEnv, WebShopExpert, parse_action
 from tidejax.envs.webshop_catalogue import (
     Catalogue,
     CatalogueConfig,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tidejax.envs.latency import HOUSEHOLD_LATENCY
+from tidejax.envs.latency_spec import HOUSEHOLD_LATENCY
 from tidejax.envs.protocol import task_from_options
 from tidejax.envs.registry import EnvSpec, register
 
@@ -444,10 +444,59 @@ class HouseholdEnv:
         }
 
 
-def _expert(env: Any) -> Any:
-    from tidejax.envs.policies import HouseholdExpert
+class HouseholdExpert:
+    """A scripted expert, as the ones that produce ALFWorld's demonstrations: it plays
+    from the env's state (SFT warm-start data, and proof that the env is solvable).
 
-    return HouseholdExpert(env)
+    It knows where each kind of object is likely to be (the scene generator's placement
+    priors) but not where it is: it visits and opens receptacles in that order until it
+    sees one, then takes it, cleans / heats / cools it, and puts it at the target.
+    """
+
+    def __init__(self, env: HouseholdEnv):
+        self.env = env
+        self.memory: dict[str, list[str]] = {}
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        env, st, goal = self.env, self.env.state, self.env.goal
+        scene = env.scene
+        assert scene is not None
+        if st.turn == 0:
+            self.memory = {}
+        here = st.location
+        if here is not None and env.visible(here):
+            self.memory[here] = list(st.contents[here])
+        if st.held is not None:
+            verb = goal.task_type
+            if verb in APPLIANCE:
+                adj = {"clean": "clean", "heat": "hot", "cool": "cool"}[verb]
+                if st.held not in st.status[adj]:
+                    app = next(r for r in scene.receptacles if _kind(r) == APPLIANCE[verb])
+                    return f"go to {app}" if here != app else f"{verb} {st.held} with {app}"
+            target = next(r for r in scene.receptacles if _kind(r) == goal.target)
+            if here != target:
+                return f"go to {target}"
+            if not env.visible(target):
+                return f"open {target}"
+            return f"put {st.held} in/on {target}"
+        for r, items in self.memory.items():
+            if _kind(r) == goal.target:
+                continue  # already delivered there
+            for o in items:
+                if _kind(o) == goal.obj:
+                    if here != r:
+                        return f"go to {r}"
+                    if not env.visible(r):
+                        return f"open {r}"
+                    return f"take {o} from {r}"
+        likely = ROOMS[scene.room].objects[goal.obj]
+        order = [r for k in likely for r in scene.receptacles if _kind(r) == k]
+        order += [r for r in scene.receptacles if r not in order]
+        for r in order:
+            if r in self.memory or _kind(r) == goal.target:
+                continue
+            return f"go to {r}" if here != r else f"open {r}"
+        return "look"
 
 
 register(
@@ -458,6 +507,6 @@ register(
         split_sizes=SPLIT_SIZES,
         latency=HOUSEHOLD_LATENCY,
         action_format=ACTION_FORMAT,
-        expert=_expert,
+        expert=HouseholdExpert,
     )
 )

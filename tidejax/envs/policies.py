@@ -1,148 +1,20 @@
-"""Scripted policies (an expert per env type, a random one), episodes and SFT demos.
+"""Env-independent policies and episodes: a random policy, each env type's registered
+expert (`make_expert`), episodes, SFT demonstrations and prompt helpers.
 
-The experts play from the env's own state, as the scripted experts that produce
-ALFWorld's and similar demonstration sets do; they exist to make SFT warm-start data
-and to prove the envs solvable, not to be fair opponents.
-
-- WebShopExpert searches with the goal's product phrase and attributes, opens the
-  first listed product that would earn the full reward (scored with the env's reward
-  function on the product record), clicks the wanted options and buys. If two result
-  pages hold no such product it searches again with the target product's title. With
-  `skip_options` it is an imperfect demonstrator: in that share of episodes it buys
-  without choosing options, for a partial reward (the WebShop paper's imitation agents
-  fail the same way), which leaves RL something to learn that imitation did not.
-- HouseholdExpert knows where each kind of object is likely to be (the scene
-  generator's placement priors) but not where it is: it visits and opens receptacles in
-  that order until it sees one, then takes it, cleans / heats / cools it, and puts it
-  at the target.
+The scripted experts live next to their envs (`webshop.WebShopExpert`,
+`household.HouseholdExpert`): they play from the env's own state, and each env registers
+its expert with the registry, which is how this module finds them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 
-from tidejax.envs.household import APPLIANCE, ROOMS, HouseholdEnv, _kind
 from tidejax.envs.protocol import Policy, Task, TextEnv
 from tidejax.envs.registry import get_spec, make_env
-from tidejax.envs.webshop import WebShopEnv
-from tidejax.envs.webshop_catalogue import Product
-from tidejax.envs.webshop_reward import webshop_reward
-
-
-class WebShopExpert:
-    """Reaches reward 1.0 on almost every WebShop goal; see the module docstring."""
-
-    def __init__(self, env: WebShopEnv, max_pages: int = 2, skip_options: float = 0.0):
-        if not 0.0 <= skip_options <= 1.0:
-            raise ValueError(f"skip_options must be in [0, 1], got {skip_options}")
-        self.env = env
-        self.max_pages = max_pages
-        self.skip_options = skip_options
-        self._episodes = 0
-        self._fallback = False
-        self._pages_seen = 1
-        # True when this episode's mistake is deliberate: such a demonstration is kept.
-        self.imperfect_episode = False
-
-    def _wanted(self, product: Product) -> dict[str, str]:
-        goal = self.env.goal
-        assert goal is not None
-        return {n: v for n, v in goal.options if v in product.option_values(n)}
-
-    def _score(self, product: Product) -> float:
-        assert self.env.goal is not None
-        return webshop_reward(product, self._wanted(product), self.env.goal).reward
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        env, st, goal = self.env, self.env.state, self.env.goal
-        assert goal is not None
-        if st.turn == 0:  # a new episode
-            self._fallback, self._pages_seen = False, 1
-            # Evenly spread (k-th episode skips when floor(k * share) steps up), so any run
-            # of episodes holds the share; at 0.5 the two visits of a goal differ.
-            k, self._episodes = self._episodes, self._episodes + 1
-            self.imperfect_episode = (math.floor((k + 1) * self.skip_options)
-                                      > math.floor(k * self.skip_options))
-        cat = env.catalogue
-        if st.page == "search":
-            if self._fallback:
-                return f"search[{cat.product(goal.asin).title}]"
-            return f"search[{goal.phrase} {' '.join(goal.attributes)}]"
-        if st.page == "results":
-            items = env.page_items()
-            scored = [(self._score(cat.products[i]), -rank, i) for rank, i in enumerate(items)]
-            best = max(scored, default=None)
-            if best is not None and best[0] >= 1.0:
-                return f"click[{cat.products[best[2]].asin}]"
-            if "next >" in env.clickables() and self._pages_seen < self.max_pages:
-                self._pages_seen += 1
-                return "click[Next >]"
-            if not self._fallback:
-                self._fallback = True
-                return "click[Back to Search]"
-            if best is not None:
-                return f"click[{cat.products[best[2]].asin}]"
-            return "click[Back to Search]"
-        if st.page == "item":
-            product = cat.products[st.item]
-            for name, value in self._wanted(product).items():
-                if st.selected.get(name) != value and not self.imperfect_episode:
-                    return f"click[{value}]"
-            return "click[Buy Now]"
-        return "click[< Prev]"  # a description / features / reviews page
-
-
-class HouseholdExpert:
-    """Solves household goals by searching likely places first; see the module docstring."""
-
-    def __init__(self, env: HouseholdEnv):
-        self.env = env
-        self.memory: dict[str, list[str]] = {}
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        env, st, goal = self.env, self.env.state, self.env.goal
-        scene = env.scene
-        assert scene is not None
-        if st.turn == 0:
-            self.memory = {}
-        here = st.location
-        if here is not None and env.visible(here):
-            self.memory[here] = list(st.contents[here])
-        if st.held is not None:
-            verb = goal.task_type
-            if verb in APPLIANCE:
-                adj = {"clean": "clean", "heat": "hot", "cool": "cool"}[verb]
-                if st.held not in st.status[adj]:
-                    app = next(r for r in scene.receptacles if _kind(r) == APPLIANCE[verb])
-                    return f"go to {app}" if here != app else f"{verb} {st.held} with {app}"
-            target = next(r for r in scene.receptacles if _kind(r) == goal.target)
-            if here != target:
-                return f"go to {target}"
-            if not env.visible(target):
-                return f"open {target}"
-            return f"put {st.held} in/on {target}"
-        for r, items in self.memory.items():
-            if _kind(r) == goal.target:
-                continue  # already delivered there
-            for o in items:
-                if _kind(o) == goal.obj:
-                    if here != r:
-                        return f"go to {r}"
-                    if not env.visible(r):
-                        return f"open {r}"
-                    return f"take {o} from {r}"
-        likely = ROOMS[scene.room].objects[goal.obj]
-        order = [r for k in likely for r in scene.receptacles if _kind(r) == k]
-        order += [r for r in scene.receptacles if r not in order]
-        for r in order:
-            if r in self.memory or _kind(r) == goal.target:
-                continue
-            return f"go to {r}" if here != r else f"open {r}"
-        return "look"
 
 
 class RandomPolicy:

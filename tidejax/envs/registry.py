@@ -1,20 +1,21 @@
 """A registry of env types by name, and GRPO task groups built from it.
 
-The built-in types ("webshop", "household") register themselves the first time the
-registry is asked about them, so importing this module stays cheap.
+An env module registers its type when it is imported. The built-in types ("webshop",
+"household") are imported by the `tidejax.envs` package, which Python runs before any
+of its submodules (this one included), so both are registered before code outside the
+package can reach the registry. This module imports no env: each env imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from tidejax.envs.latency import LatencySpec
+from tidejax.envs.latency_spec import LatencySpec
 from tidejax.envs.protocol import SPLITS, Policy, Task, TextEnv
 
 
@@ -50,7 +51,6 @@ class EnvSpec:
         return dict(self.split_sizes_for(**env_kwargs))
 
 
-_BUILTIN_MODULES = {"webshop": "tidejax.envs.webshop", "household": "tidejax.envs.household"}
 _REGISTRY: dict[str, EnvSpec] = {}
 _LOCK = threading.Lock()
 
@@ -63,19 +63,11 @@ def register(spec: EnvSpec, *, replace: bool = False) -> None:
         _REGISTRY[spec.name] = spec
 
 
-def _load_builtins() -> None:
-    for name, module in _BUILTIN_MODULES.items():
-        if name not in _REGISTRY:
-            importlib.import_module(module)  # the module calls register() at import
-
-
 def env_types() -> list[str]:
-    _load_builtins()
     return sorted(_REGISTRY)
 
 
 def get_spec(env_type: str) -> EnvSpec:
-    _load_builtins()
     try:
         return _REGISTRY[env_type]
     except KeyError:

@@ -16,15 +16,22 @@ button_]".
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Literal
 
 import numpy as np
 
-from tidejax.envs.latency import WEBSHOP_LATENCY
+from tidejax.envs.latency_spec import WEBSHOP_LATENCY
 from tidejax.envs.protocol import Task, task_from_options
 from tidejax.envs.registry import EnvSpec, register
-from tidejax.envs.webshop_catalogue import Catalogue, CatalogueConfig, Goal, get_catalogue
+from tidejax.envs.webshop_catalogue import (
+    Catalogue,
+    CatalogueConfig,
+    Goal,
+    Product,
+    get_catalogue,
+)
 from tidejax.envs.webshop_reward import RewardBreakdown, webshop_reward
 
 SEP = " [SEP] "
@@ -314,10 +321,77 @@ def _split_sizes(**env_kwargs: Any) -> dict[str, int]:
     return WebShopConfig(**env_kwargs).catalogue.split_sizes()
 
 
-def _expert(env: Any, **kwargs: Any) -> Any:
-    from tidejax.envs.policies import WebShopExpert
+class WebShopExpert:
+    """A scripted expert that plays from the env's state and earns reward 1.0 on almost
+    every goal (SFT warm-start data, and proof that the env is solvable).
 
-    return WebShopExpert(env, **kwargs)
+    It searches with the goal's product phrase and attributes, opens the first listed
+    product that would earn the full reward (scored with the env's reward function on
+    the product record), clicks the wanted options and buys. If two result pages hold no
+    such product it searches again with the target product's title. With `skip_options`
+    it is an imperfect demonstrator: in that share of episodes it buys without choosing
+    options, for a partial reward (the WebShop paper's imitation agents fail the same
+    way), which leaves RL something to learn that imitation did not.
+    """
+
+    def __init__(self, env: WebShopEnv, max_pages: int = 2, skip_options: float = 0.0):
+        if not 0.0 <= skip_options <= 1.0:
+            raise ValueError(f"skip_options must be in [0, 1], got {skip_options}")
+        self.env = env
+        self.max_pages = max_pages
+        self.skip_options = skip_options
+        self._episodes = 0
+        self._fallback = False
+        self._pages_seen = 1
+        # True when this episode's mistake is deliberate: such a demonstration is kept.
+        self.imperfect_episode = False
+
+    def _wanted(self, product: Product) -> dict[str, str]:
+        goal = self.env.goal
+        assert goal is not None
+        return {n: v for n, v in goal.options if v in product.option_values(n)}
+
+    def _score(self, product: Product) -> float:
+        assert self.env.goal is not None
+        return webshop_reward(product, self._wanted(product), self.env.goal).reward
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        env, st, goal = self.env, self.env.state, self.env.goal
+        assert goal is not None
+        if st.turn == 0:  # a new episode
+            self._fallback, self._pages_seen = False, 1
+            # Evenly spread (k-th episode skips when floor(k * share) steps up), so any run
+            # of episodes holds the share; at 0.5 the two visits of a goal differ.
+            k, self._episodes = self._episodes, self._episodes + 1
+            self.imperfect_episode = (math.floor((k + 1) * self.skip_options)
+                                      > math.floor(k * self.skip_options))
+        cat = env.catalogue
+        if st.page == "search":
+            if self._fallback:
+                return f"search[{cat.product(goal.asin).title}]"
+            return f"search[{goal.phrase} {' '.join(goal.attributes)}]"
+        if st.page == "results":
+            items = env.page_items()
+            scored = [(self._score(cat.products[i]), -rank, i) for rank, i in enumerate(items)]
+            best = max(scored, default=None)
+            if best is not None and best[0] >= 1.0:
+                return f"click[{cat.products[best[2]].asin}]"
+            if "next >" in env.clickables() and self._pages_seen < self.max_pages:
+                self._pages_seen += 1
+                return "click[Next >]"
+            if not self._fallback:
+                self._fallback = True
+                return "click[Back to Search]"
+            if best is not None:
+                return f"click[{cat.products[best[2]].asin}]"
+            return "click[Back to Search]"
+        if st.page == "item":
+            product = cat.products[st.item]
+            for name, value in self._wanted(product).items():
+                if st.selected.get(name) != value and not self.imperfect_episode:
+                    return f"click[{value}]"
+            return "click[Buy Now]"
+        return "click[< Prev]"  # a description / features / reviews page
 
 
 register(
@@ -329,6 +403,6 @@ register(
         split_sizes_for=_split_sizes,
         latency=WEBSHOP_LATENCY,
         action_format=ACTION_FORMAT,
-        expert=_expert,
+        expert=WebShopExpert,
     )
 )

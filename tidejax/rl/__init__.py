@@ -32,7 +32,6 @@ from tidejax.rl.steps import (
     apply_update,
     fused_rl_loss,
     ref_logprobs,
-    rl_step,
     sft_grads,
     sft_step,
 )
@@ -45,6 +44,6 @@ __all__ = [
     "fused_rl_loss", "group_mean_std", "grpo_advantages", "init_train_state", "kl_penalty",
     "loss_cotangent", "loss_denominator", "lr_schedule", "make_optimizer", "make_trainer",
     "nonzero_variance", "num_sequences", "policy_loss", "ref_logprobs", "residual_bytes",
-    "rl_loss", "rl_step", "segment_positions", "sft_grads", "sft_loss", "sft_step",
+    "rl_loss", "segment_positions", "sft_grads", "sft_loss", "sft_step",
     "token_weights", "zero_accum",
 ]

@@ -27,7 +27,6 @@ class Batch:
     behaviour_logp: log-prob the rollout policy gave each generated token (0 elsewhere).
     policy_version: version of the policy that generated each token (for staleness).
     advantages: the trajectory's advantage broadcast to its tokens.
-    group_ids: GRPO group of each token's trajectory (-1 on padding).
     """
 
     tokens: jax.Array
@@ -37,7 +36,6 @@ class Batch:
     behaviour_logp: jax.Array
     policy_version: jax.Array
     advantages: jax.Array
-    group_ids: jax.Array
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -53,7 +51,7 @@ class Batch:
         return cls(tokens=tokens, positions=segment_positions(seg), segment_ids=seg,
                    loss_mask=np.asarray(loss_mask_BT, np.float32) * (seg > 0),
                    behaviour_logp=zeros, policy_version=np.zeros_like(tokens),
-                   advantages=zeros, group_ids=np.full_like(tokens, -1))
+                   advantages=zeros)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +116,6 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
     blogp = np.zeros(shape, np.float32)
     version = np.zeros(shape, np.int32)
     adv = np.zeros(shape, np.float32)
-    group = np.full(shape, -1, np.int32)
     for r, members in enumerate(rows):
         start = 0
         for s, i in enumerate(members, start=1):
@@ -131,11 +128,10 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
             mask[sl] = traj.loss_mask
             blogp[sl] = np.where(traj.loss_mask, traj.behaviour_logp, 0.0)
             version[sl] = traj.policy_version
-            adv[sl], group[sl] = advantages[i], traj.group_id
+            adv[sl] = advantages[i]
             start = end
     return Batch(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=mask,
-                 behaviour_logp=blogp, policy_version=version, advantages=adv,
-                 group_ids=group)
+                 behaviour_logp=blogp, policy_version=version, advantages=adv)
 
 
 def num_sequences(loss_mask_BT, segment_ids_BT) -> jax.Array:

@@ -96,16 +96,6 @@ def apply_update(state: TrainState, accum: Accum, optim_config: OptimConfig
     return new_state, metrics
 
 
-def rl_step(model_config: ModelConfig, state: TrainState, batch: Batch, ref_logp_BT,
-            denom=None, *, loss_config: LossConfig, optim_config: OptimConfig,
-            chunk: int = 128, remat: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
-    """`step(state, batch) -> (state, metrics)` for a step of one micro-batch (fused)."""
-    grads, metrics = actor_grads(model_config, state.params, batch, ref_logp_BT, loss_config,
-                                 denom, chunk=chunk, remat=remat)
-    return apply_update(state, add_to_accum(zero_accum(state.params), grads, metrics),
-                        optim_config)
-
-
 def sft_step(model_config: ModelConfig, state: TrainState, batch: Batch, denom=None, *,
              optim_config: OptimConfig, chunk: int = 128, remat: bool = False
              ) -> tuple[TrainState, dict[str, jax.Array]]:

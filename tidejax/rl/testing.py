@@ -33,14 +33,12 @@ def random_batch(config: ModelConfig, rng: np.random.Generator, batch: int, leng
     every non-first token of a segment; per-segment advantages; behaviour log-probs 0."""
     seg = np.zeros((batch, length), np.int32)
     adv = np.zeros((batch, length), np.float32)
-    group = np.full((batch, length), -1, np.int32)
     for b in range(batch):
         cuts = np.sort(rng.choice(np.arange(2, length + 1), size=max_segments, replace=True))
         start = 0
         for s, end in enumerate(np.unique(cuts), start=1):
             seg[b, start:end] = s
             adv[b, start:end] = rng.normal()
-            group[b, start:end] = rng.integers(0, 4)
             start = end
     first = np.concatenate([np.ones((batch, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
     mask = ((rng.random((batch, length)) < mask_prob) & ~first & (seg > 0)).astype(np.float32)
@@ -49,7 +47,7 @@ def random_batch(config: ModelConfig, rng: np.random.Generator, batch: int, leng
                  segment_ids=seg, loss_mask=mask,
                  behaviour_logp=np.zeros((batch, length), np.float32),
                  policy_version=rng.integers(0, 3, (batch, length)).astype(np.int32),
-                 advantages=adv, group_ids=group)
+                 advantages=adv)
 
 
 def random_trajectory(config: ModelConfig, rng: np.random.Generator, length: int,

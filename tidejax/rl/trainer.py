@@ -124,9 +124,6 @@ class Trainer:
         self._update = compile_(functools.partial(steps.apply_update, optim_config=rl.optim),
                                 in_shardings=(ss, acs), out_shardings=(ss, repl),
                                 donate_argnums=(0,))
-        self._rl_step = compile_(
-            functools.partial(steps.rl_step, cfg, loss_config=loss, optim_config=rl.optim, **kw),
-            in_shardings=(ss, bs, bs, repl), out_shardings=(ss, repl), donate_argnums=(0,))
         self._sft_step = compile_(
             functools.partial(steps.sft_step, cfg, optim_config=rl.optim, **kw),
             in_shardings=(ss, bs, repl), out_shardings=(ss, repl), donate_argnums=(0,))
@@ -188,10 +185,6 @@ class Trainer:
     def apply_update(self, state: TrainState, accum: Accum):
         """`(state, metrics)` after one AdamW update; `state` and `accum` are donated."""
         return self._update(state, accum)
-
-    def rl_step(self, state: TrainState, batch: Batch, ref_logp_BT, denom: float | None = None):
-        """A whole step on one micro-batch, fused; `state` is donated."""
-        return self._rl_step(state, batch, ref_logp_BT, _denom(denom))
 
     def sft_step(self, state: TrainState, batch: Batch, denom: float | None = None):
         """One supervised update (masked next-token loss); `state` is donated."""

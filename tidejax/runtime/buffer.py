@@ -7,8 +7,12 @@ during the step) and head-of-line latency (age of the oldest ready group). It en
 the staleness bound: a group whose oldest token is more than `staleness_bound` versions
 behind the trainer is dropped, counted and never trained on.
 
-Threads: rollout workers call `put` from the asyncio loop's thread; the trainer thread
-calls `take`/`wait_for`; one Condition guards everything.
+Threads: in a run every call comes from the controller's asyncio loop thread. The
+`RolloutManager`'s task coroutines `put` (or `drop`) finished groups; `Controller.run`
+polls `wait_for(..., timeout=0)` between short `asyncio.sleep`s, so the loop keeps serving
+turns and env steps while a step waits for its batch, then `take`s it. The trainer thread
+receives the batch's trajectories, never the buffer. One Condition guards everything, so
+a caller on another thread may also block in `wait_for` while the loop puts groups.
 """
 
 from __future__ import annotations

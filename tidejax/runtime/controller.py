@@ -24,6 +24,11 @@ in-flight training tasks. `run(state, start_step, rollout=...)` serves the resto
 parameters from the first turn, puts ready groups back and restarts in-flight tasks. A
 step's batch is sorted by group id, so it does not depend on the order groups finished in.
 If every rollout rank is quarantined, the run raises `AllRanksFailed` instead of waiting.
+
+Stopping (`tidejax.runtime.stop`): when a stop is requested, a step still waiting for its
+batch (or, in sync, for its rollout phase) is abandoned, an update under way finishes, and
+the run checkpoints the last completed step (with its rollout snapshot) and returns with
+`stopped_by` set; the evaluation still pending is skipped.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from tidejax.runtime import resume
 from tidejax.runtime.buffer import GlobalBuffer
 from tidejax.runtime.manager import AllRanksFailed, GroupPayload, RolloutManager
 from tidejax.runtime.rollout import RolloutWorker
+from tidejax.runtime.stop import StopRequest
 from tidejax.runtime.trainer_runner import TrainerRunner
 from tidejax.sched import ers, ra2p
 from tidejax.serving.engine import make_engine
@@ -98,13 +104,15 @@ class RunSummary:
     counters: dict
     dropped_groups: list
     state: Any = None
+    stopped_by: int | None = None  # the signal that stopped the run before its last step
 
 
 class Controller:
     def __init__(self, cfg: RunConfig, model_config: ModelConfig, params, tokenizer: Tokenizer,
                  pool, devices: list | None = None, writer: MetricsWriter | None = None,
                  trace: TraceRecorder | None = None, checkpoint: Callable | None = None,
-                 progress: Callable[[StepRecord], None] | None = None):
+                 progress: Callable[[StepRecord], None] | None = None,
+                 stop: StopRequest | None = None):
         self.cfg = cfg
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -117,6 +125,8 @@ class Controller:
         self.trace = trace or TraceRecorder()
         self.checkpoint = checkpoint
         self.progress = progress
+        self.stop = stop
+        self._saved_step: int | None = None  # the step of the last checkpoint written
         self.params_host = jax.device_get(params)
         self.system = cfg.system
         bound = 0 if cfg.system == "sync" else cfg.rollout.staleness_bound
@@ -223,9 +233,30 @@ class Controller:
                            prefix=f"eval_v{self.version}", env_kwargs=cfg.env_kwargs())
         manager.add_groups(tasks, cfg.eval_samples, is_eval=True, eval_version=self.version)
 
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+    async def _wait_idle_or_stop(self, manager: RolloutManager) -> bool:
+        """Wait for the rollout phase to finish; False if a stop came first."""
+        idle = asyncio.ensure_future(manager.wait_idle())
+        try:
+            while not idle.done():
+                if self._stopping():
+                    return False
+                await asyncio.wait({idle}, timeout=0.05)
+            idle.result()  # re-raises AllRanksFailed
+            return True
+        finally:
+            idle.cancel()
+
+    async def _save(self, step: int, state: TrainState, manager: RolloutManager) -> None:
+        snap = resume.snapshot(manager, self.buffer)  # consistent: no await before it
+        await asyncio.to_thread(self.checkpoint, step, state, self, snap)
+        self._saved_step = step
+
     async def _wait_eval(self, manager: RolloutManager, version: int, timeout: float = 600.0):
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._stopping():
             tally = manager.eval_tallies.get(version)
             if tally is not None and tally.groups >= self.cfg.eval_groups:
                 return
@@ -262,13 +293,18 @@ class Controller:
         eval_pending = self.version if (evaluate_initial and cfg.eval_every) else None
         cold = True
         plan = ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False, "initial")
+        completed = start_step  # the last step whose update finished
+        stopped_by = None
         try:
             for step in range(start_step, cfg.steps):
+                if self._stopping():
+                    break
                 step_start = time.perf_counter()
                 busy_before = {r: w.stats.busy_s for r, w in manager.workers.items()}
                 if self.system == "sync":
                     manager.add_groups(self._train_tasks(cfg.batch_groups), cfg.group_size)
-                    await manager.wait_idle()
+                    if not await self._wait_idle_or_stop(manager):
+                        break  # abandon the step: nothing was trained yet
                 else:
                     self._top_up(manager)
                 self.buffer.begin_step()
@@ -276,10 +312,13 @@ class Controller:
                 target = plan.batch_groups if self.system == "tide" else cfg.batch_groups
                 if self.system == "sync":  # the batch is whatever survived (drops counted)
                     target = self.buffer.wait_for(target, self.version, timeout=0)
-                while self.buffer.wait_for(target, self.version, timeout=0) < target:
+                while (self.buffer.wait_for(target, self.version, timeout=0) < target
+                       and not self._stopping()):
                     manager.raise_if_failed()
                     await asyncio.sleep(0.005)
                     self._top_up(manager)
+                if self._stopping():
+                    break  # abandon the step while it waits for its batch
                 twt = time.perf_counter() - wait_start if self.system != "sync" else (
                     time.perf_counter() - step_start)
                 groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
@@ -302,10 +341,12 @@ class Controller:
                 consumed = sum(g.generated_tokens for g in groups)
                 self.meter.add_consumed(consumed)
                 self.version += 1
+                completed = step + 1
                 # ---- post-update boundary
                 if eval_pending is not None:
                     await self._wait_eval(manager, eval_pending)
-                    self._report_eval(manager, eval_pending, step)
+                    if not self._stopping():
+                        self._report_eval(manager, eval_pending, step)
                     eval_pending = None
                 if self.system == "tide":
                     plan = self._plan(manager, partition, train_s, timings, twt, len(groups),
@@ -320,8 +361,7 @@ class Controller:
                     eval_pending = self.version
                 if self.checkpoint and cfg.checkpoint_every and (
                         (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                    snap = resume.snapshot(manager, self.buffer)  # consistent: no await yet
-                    await asyncio.to_thread(self.checkpoint, step + 1, state, self, snap)
+                    await self._save(step + 1, state, manager)
                 step_s = time.perf_counter() - step_start
                 self._step_times.append(step_s)
                 rwt = self._rwt(manager, busy_before, step_s)
@@ -344,9 +384,15 @@ class Controller:
                         | {f"loss/{k}": v for k, v in record.loss.items()})
                 if self.progress:
                     self.progress(record)
-            if eval_pending is not None:
+            if self._stopping() and completed < cfg.steps:
+                stopped_by = self.stop.signum
+                log.info("stopping after step %d of %d", completed, cfg.steps)
+                if self.checkpoint and self._saved_step != completed:
+                    await self._save(completed, state, manager)
+            elif eval_pending is not None:
                 await self._wait_eval(manager, eval_pending)
-                self._report_eval(manager, eval_pending, cfg.steps)
+                if not self._stopping():  # a stop after the last update skips only this
+                    self._report_eval(manager, eval_pending, cfg.steps)
         finally:
             await manager.aclose()
             for worker in list(manager.workers.values()):
@@ -361,7 +407,8 @@ class Controller:
             eval={v: {k: x for k, x in dataclasses.asdict(t).items() if k != "transcripts"}
                   for v, t in manager.eval_tallies.items()},
             records=self.records, counters=dict(manager.counters),
-            dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state)
+            dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state,
+            stopped_by=stopped_by)
 
     def _update(self, state, trajectories, advantages, mode):
         if self.system == "stream":

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 
 import jax
@@ -21,11 +22,12 @@ from tidejax.config import RunConfig
 from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations, local_env_factory
 from tidejax.envs.latency import LatencyModel
 from tidejax.envs.policies import action_format
-from tidejax.metrics import MetricsWriter, TraceRecorder
+from tidejax.metrics import MetricsWriter, TraceRecorder, format_eta
 from tidejax.models.tokenizer import check_matches_model
 from tidejax.runtime.controller import Controller, RunSummary, StepRecord
 from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action, open_episode
 from tidejax.runtime.sft import sft_warm_start
+from tidejax.runtime.stop import RunStopped, StopRequest
 
 log = logging.getLogger("tidejax.job")
 
@@ -127,7 +129,8 @@ def summary_dict(summary: RunSummary) -> dict:
 
 
 # ---------------------------------------------------------------------------- main
-def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
+def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
+               stop: StopRequest | None = None):
     """Tokenizer, model config and SFT-warm-started params (both cached in `cache_dir`);
     returns them with the seconds the warm start took."""
     sft_cache = os.path.join(cache_dir, "sft_params.npz")
@@ -148,14 +151,18 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None):
     t0 = time.perf_counter()
     params = sft_warm_start(cfg, model_config, params,
                             demo_episode_tokens(tokenizer, cfg.env_type, demos),
-                            devices, sft_cache, writer)
+                            devices, sft_cache, writer, stop)
     return tokenizer, model_config, params, time.perf_counter() - t0
 
 
 def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True,
-            compile_cache: str | None = None, cache_dir: str | None = None) -> dict:
+            compile_cache: str | None = None, cache_dir: str | None = None,
+            stop: StopRequest | None = None) -> dict:
     """Run the whole job; the tokenizer and SFT warm start are cached in `cache_dir`
-    (default: the run directory), so systems compared side by side share them."""
+    (default: the run directory), so systems compared side by side share them.
+
+    When `stop` is requested the run checkpoints at its next safe boundary, writes its
+    outputs and raises `RunStopped` (with the last completed step)."""
     os.makedirs(run_dir, exist_ok=True)
     cache_dir = cache_dir or run_dir
     os.makedirs(cache_dir, exist_ok=True)
@@ -171,7 +178,12 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     writer = MetricsWriter(run_dir, enabled=jax.process_index() == 0)
     trace = TraceRecorder()
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), max_to_keep=cfg.keep_checkpoints)
-    tokenizer, model_config, params, sft_s = warm_start(cfg, cache_dir, devices, writer)
+    try:
+        tokenizer, model_config, params, sft_s = warm_start(cfg, cache_dir, devices, writer,
+                                                            stop)
+    except BaseException:
+        writer.close()
+        raise
     ref_identity = {"source": cfg.hf_path or f"{cfg.preset}+sft", "seed": cfg.seed,
                     "sft_steps": cfg.sft.steps}
 
@@ -181,7 +193,7 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
                   rollout=rollout)
 
     controller = Controller(cfg, model_config, params, tokenizer, make_pool(cfg), devices,
-                            writer, trace, checkpoint, progress=None)
+                            writer, trace, checkpoint, progress=None, stop=stop)
     state, start_step, rollout = None, 0, None
     if resume and ckpt.latest_step() is not None:
         partition = controller.initial_partition()
@@ -211,15 +223,22 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     out = summary_dict(summary) | {"sft_seconds": sft_s, "run_dir": run_dir}
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(out, f, indent=1, default=float)
+    if summary.stopped_by is not None:
+        raise RunStopped(summary.stopped_by, start_step + summary.steps)
     return out
 
 
 def _run_with_progress(controller, state, start_step, cfg, show_progress,
                        rollout=None) -> RunSummary:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(
-        "{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
+        "{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("eta"),
+        TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
+    started = time.perf_counter()
+    # The bar redraws in place only on a terminal; elsewhere the log lines carry progress.
+    show_progress = show_progress and sys.stdout.isatty()
     with Progress(*columns, disable=not show_progress, transient=False) as progress:
         bar = progress.add_task(f"GRPO [{cfg.system}]", total=cfg.steps, completed=start_step,
                                 info="")
@@ -229,7 +248,8 @@ def _run_with_progress(controller, state, start_step, cfg, show_progress,
                     f"goodput {r.goodput:.0f} tok/s TWT {r.twt_s:.1f}s RWT {r.rwt_s:.1f}s "
                     f"hit {r.kv_hit_rate:.2f} part {r.partition} {r.mode}")
             progress.update(bar, completed=r.step, info=info)
-            log.info("step %d: %s", r.step, info)
+            eta = (time.perf_counter() - started) / (r.step - start_step) * (cfg.steps - r.step)
+            log.info("step %d/%d: %s eta %s", r.step, cfg.steps, info, format_eta(eta))
 
         controller.progress = on_step
         return asyncio.run(controller.run(state, start_step, rollout=rollout))

@@ -45,6 +45,7 @@ from tidejax.rl.advantages import compute_advantages
 from tidejax.rl.batch import Trajectory
 from tidejax.rl.config import AdvantageConfig
 from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
+from tidejax.runtime.config import RolloutConfig
 from tidejax.runtime.episode import (
     EpisodeTokens,
     action_text,
@@ -76,43 +77,6 @@ def _seed_key(rec: TaskRecord) -> str:
         sample = rec.task.task_id.rsplit("-", 1)[-1]
         return f"eval/{rec.task.split}/{rec.task.goal_index}/{sample}"
     return rec.task.task_id
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """How tasks are scheduled onto rollout ranks."""
-
-    scheduler: str = "ctb"  # "ctb" | "request"
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    # Evaluation samples at the training temperature by default: greedy decoding of a small
-    # policy loops on one action, which measures the decoder, not what RL optimised.
-    eval_temperature: float = 1.0
-    env_capacity: int = 64  # tasks the env cluster runs at once
-    staleness_bound: int = 1  # versions; also the CTB/AReaL admission quota
-    batch_groups: int = 4  # groups per trainer step (for the staleness quota)
-    budget_fraction: float = 0.9  # share of a rank's KV pool CTB may plan with
-    max_task_attempts: int = 2  # env failures: restart a task this many times in total
-    retry_backoff_s: float = 0.05
-    probe_default_tokens: int = 512
-
-    def __post_init__(self):
-        if self.scheduler not in ("ctb", "request"):
-            raise ValueError(f"RolloutConfig.scheduler must be 'ctb' or 'request', "
-                             f"got {self.scheduler!r}")
-        for name in ("max_new_tokens", "env_capacity", "batch_groups", "max_task_attempts",
-                     "probe_default_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.staleness_bound < 0:
-            raise ValueError(f"RolloutConfig.staleness_bound must be >= 0, "
-                             f"got {self.staleness_bound}")
-        if not 0 < self.budget_fraction <= 1:
-            raise ValueError(f"RolloutConfig.budget_fraction must be in (0, 1], "
-                             f"got {self.budget_fraction}")
-        for name in ("temperature", "eval_temperature"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass

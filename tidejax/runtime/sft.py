@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import jax
 import numpy as np
 
 from tidejax.config import RunConfig
+from tidejax.metrics import format_eta
 from tidejax.models.config import ModelConfig
 from tidejax.models.sharding import make_mesh
 from tidejax.rl.batch import Batch
 from tidejax.rl.config import OptimConfig
 from tidejax.rl.trainer import make_trainer
 from tidejax.runtime.episode import EpisodeTokens
+from tidejax.runtime.stop import StopRequest
 from tidejax.sched.microbatch import pack_rows
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,9 @@ def sft_batches(episodes: list[EpisodeTokens], row_len: int, rows: int, rng: np.
 
 
 def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, devices,
-                   cache_path: str, writer=None):
-    """Masked next-token training on expert episodes; cached at `cache_path`."""
+                   cache_path: str, writer=None, stop: StopRequest | None = None):
+    """Masked next-token training on expert episodes; cached at `cache_path`. A stop
+    request abandons it between steps (raising `RunStopped`; nothing is cached)."""
     if os.path.exists(cache_path):
         log.info("SFT warm start: using cached %s", cache_path)
         return load_params(cache_path, params)
@@ -79,13 +83,18 @@ def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, 
     state = trainer.init_state(cfg.seed, params)
     rng = np.random.default_rng(cfg.seed)
     step, loss = 0, float("nan")
+    start = time.perf_counter()
     while step < cfg.sft.steps:
         for batch in sft_batches(episodes, cfg.row_len, cfg.sft.batch_sequences, rng):
+            if stop is not None:
+                stop.raise_if_requested()
             state, metrics = trainer.sft_step(state, trainer.put(batch))
             step += 1
             if step % 10 == 0 or step == cfg.sft.steps:
                 loss = float(metrics["loss"])
-                log.info("SFT step %d/%d loss %.4f", step, cfg.sft.steps, loss)
+                eta = (time.perf_counter() - start) / step * (cfg.sft.steps - step)
+                log.info("SFT step %d/%d loss %.4f eta %s", step, cfg.sft.steps, loss,
+                         format_eta(eta))
                 if writer:
                     writer.write(step, "sft", {"loss": loss})
             if step >= cfg.sft.steps:

@@ -15,7 +15,7 @@ import json
 import math
 import random
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -418,7 +418,3 @@ def profile(spec: WorkloadSpec, staleness_bound: int, samples: int = 64) -> Work
         staleness_bound=staleness_bound,
         env_capacity=spec.env_capacity,
     )
-
-
-def with_overrides(spec: WorkloadSpec, **kw: object) -> WorkloadSpec:
-    return replace(spec, **kw)

@@ -1,0 +1,143 @@
+"""A rollout rank fails on engine errors and waits (without spinning) when its KV pool is full."""
+
+import asyncio
+import threading
+import time
+
+from tidejax.envs import EnvPool, PoolConfig, make_tasks
+from tidejax.envs.latency import LatencyModel
+from tidejax.envs.pool import local_env_factory
+from tidejax.models.testing import tiny_tokenizer
+from tidejax.runtime.buffer import GlobalBuffer
+from tidejax.runtime.config import RolloutConfig
+from tidejax.runtime.manager import RolloutManager
+from tidejax.runtime.rollout import RankFailed, RolloutWorker, TurnResult
+from tidejax.serving import EngineConfig, MockEngine, Request
+
+# 8 pages of 4 tokens; a sequence may use all of them (max_seq_len 32).
+SMALL_POOL = EngineConfig(page_size=4, num_pages=8, max_slots=2, max_pages_per_seq=8,
+                          prefill_buckets=(16, 32))
+
+
+class OnceBrokenEngine(MockEngine):
+    """Its first decode step raises as a failing device would; later ones work."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.broke = False
+
+    def generate(self, params, decode_state):
+        if not self.broke:
+            self.broke = True
+            raise RuntimeError("device error")
+        return super().generate(params, decode_state)
+
+
+class Answer:
+    """An `on_done` callback that can be waited for."""
+
+    def __init__(self):
+        self.value = None
+        self.event = threading.Event()
+
+    def __call__(self, value):
+        self.value = value
+        self.event.set()
+
+    def wait(self, timeout=10.0):
+        assert self.event.wait(timeout), "no answer: the request was never served"
+        return self.value
+
+
+def request(name, prompt_len, first_token=1, max_new=4):
+    prompt = tuple(range(first_token, first_token + prompt_len))
+    return Request(request_id=name, task_id=name, prompt_token_ids=prompt, max_new_tokens=max_new)
+
+
+def count_steps(worker):
+    calls = []
+    step = worker.loop.step
+
+    def counted():
+        calls.append(time.perf_counter())
+        return step()
+
+    worker.loop.step = counted
+    return calls
+
+
+def test_an_engine_error_fails_the_rank_instead_of_being_retried():
+    worker = RolloutWorker(0, OnceBrokenEngine(SMALL_POOL), pin_after_turn=True)
+    answer = Answer()
+    worker.submit(request("a", 8), answer)
+    result = answer.wait()
+    assert isinstance(result, RankFailed) and result.rank == 0
+    assert isinstance(result.cause, RuntimeError) and str(result.cause) == "device error"
+    assert not worker.alive and worker.stats.emergency_releases == 0
+    late = Answer()
+    worker.submit(request("b", 8), late)  # a dead rank answers new work at once
+    assert isinstance(late.wait(), RankFailed)
+    worker.stop()
+
+
+def test_pinned_pages_that_block_a_turn_are_released_and_the_turn_served():
+    worker = RolloutWorker(0, MockEngine(SMALL_POOL), pin_after_turn=True)
+    first = Answer()
+    worker.submit(request("a", 20), first)
+    assert isinstance(first.wait(), TurnResult)
+    # a's 6 pinned pages leave 2: b's 3 prompt pages (shared with nothing) and the 1-page
+    # watermark do not fit.
+    assert worker.usage().pinned_tokens == 24
+    second = Answer()
+    worker.submit(request("b", 12, first_token=100), second)
+    result = second.wait()
+    assert isinstance(result, TurnResult) and result.completion.token_ids == (112, 113, 114, 115)
+    assert worker.stats.emergency_releases == 1 and worker.alive
+    assert worker.engine.pinned_tasks() == ("b",)  # a's pages went to the evictable cache
+    worker.stop()
+
+
+def test_a_turn_that_can_never_fit_waits_for_a_command_without_spinning():
+    worker = RolloutWorker(0, MockEngine(SMALL_POOL), pin_after_turn=True)
+    steps = count_steps(worker)
+    # 30 tokens take all 8 pages, and the watermark wants one more: never admitted.
+    worker.submit(request("huge", 30), Answer())
+    time.sleep(0.5)
+    assert 1 <= len(steps) <= 2, f"{len(steps)} steps in 0.5 s while nothing could change"
+    before = len(steps)
+    worker.unpin("someone")  # any command may have freed pages: the loop tries once more
+    deadline = time.monotonic() + 5
+    while len(steps) == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(steps) == before + 1
+    assert worker.alive
+    worker.stop()
+
+
+def test_a_rank_whose_engine_fails_is_quarantined_and_its_tasks_train_elsewhere():
+    async def go():
+        tok = tiny_tokenizer()
+        config = EngineConfig(page_size=16, num_pages=512, max_slots=4, max_pages_per_seq=96,
+                              prefill_buckets=(256, 768))
+        engines = {0: MockEngine(config, vocab_size=tok.vocab_size),
+                   1: OnceBrokenEngine(config, vocab_size=tok.vocab_size)}
+        workers = {r: RolloutWorker(r, e, pin_after_turn=True) for r, e in engines.items()}
+        pool = EnvPool(PoolConfig(capacity=32), env_factory=local_env_factory(),
+                       latency=LatencyModel.default(time_scale=0.01, seed=0))
+        buffer = GlobalBuffer(staleness_bound=8, micro_batch_tokens=4096)
+        manager = RolloutManager(RolloutConfig(max_new_tokens=8, batch_groups=4,
+                                               staleness_bound=8),
+                                 workers, pool, tok, buffer, "webshop", max_seq_len=1536)
+        tasks = make_tasks("webshop", "train", 4, 2, seed=0, max_turns=2)
+        manager.add_groups(tasks, 2)
+        await asyncio.wait_for(manager.wait_idle(), timeout=120)
+        for w in manager.workers.values():
+            w.stop()
+        await pool.aclose()
+        return manager, buffer, tasks
+
+    manager, buffer, tasks = asyncio.run(go())
+    assert manager.quarantined == {1}
+    trained = [tid for g in buffer.take(100, 0) for tid in g.payload.task_ids]
+    assert sorted(trained) == sorted(t.task_id for t in tasks)
