@@ -85,20 +85,26 @@ class _TensorIndex:
         return self.where[name].get(name)
 
 
-def read_config(path: str, dtype: str = "float32") -> ModelConfig:
+def read_config(path: str, dtype: str | None = "float32") -> ModelConfig:
+    """The checkpoint's ModelConfig computing in `dtype` (None: its own `torch_dtype`)."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise CheckpointError(f"{path}: config.json not found")
     with open(cfg_path) as f:
-        return ModelConfig.from_hf(json.load(f), dtype=dtype)
+        hf = json.load(f)
+    if dtype is None:
+        dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(hf.get("torch_dtype"),
+                                                                   "float32")
+    return ModelConfig.from_hf(hf, dtype=dtype)
 
 
-def load_hf(path: str | os.PathLike, dtype: str = "float32", mesh: Mesh | None = None,
+def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh | None = None,
             rules: LogicalRules | None = None) -> tuple[ModelConfig, Params]:
     """Read a Qwen2 HF checkpoint directory into `(config, params)`.
 
     With `mesh` and `rules`, each parameter is placed straight onto its sharding and
-    each device reads only its own slice from the memory-mapped files.
+    each device reads (and converts to `dtype`) only its own slice of the memory-mapped
+    files. `dtype=None` keeps the checkpoint's `torch_dtype` (bfloat16 for Qwen2.5).
     """
     path = os.fspath(path)
     cfg = read_config(path, dtype)
@@ -134,16 +140,18 @@ def load_hf(path: str | os.PathLike, dtype: str = "float32", mesh: Mesh | None =
                 raise CheckpointError(f"{path}: tensor {name} has shape {stored}, which does "
                                       f"not fit the config (want {want} in tidejax layout)")
 
-        def read(i, tmpl=tmpl, transform=transform):
-            return transform(index.get(tmpl.format(i=i))).astype(np_dtype)
+        def read(i, idx, tmpl=tmpl, transform=transform):
+            # The transforms are views of the memory-mapped file and the slice is taken
+            # before the dtype conversion, so a device reads and converts only its part.
+            return np.asarray(transform(index.get(tmpl.format(i=i)))[idx], dtype=np_dtype)
 
         if stacked:
             def fetch(idx, read=read):
                 layers = range(cfg.num_layers)[idx[0]]
-                return np.stack([read(i)[idx[1:]] for i in layers])
+                return np.stack([read(i, idx[1:]) for i in layers])
         else:
             def fetch(idx, read=read):
-                return read(None)[idx]
+                return read(None, idx)
 
         if shardings is None:
             full = tuple(slice(None) for _ in target.shape)

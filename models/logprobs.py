@@ -36,7 +36,8 @@ def logprobs_from_hidden(hidden_BTD, kernel_DV, targets_BT, chunk: int = 128) ->
 
 
 def token_logprobs(config: ModelConfig, params: Params, tokens_BT, positions_BT=None,
-                   segment_ids_BT=None, chunk: int = 128, remat: bool = False) -> jax.Array:
+                   segment_ids_BT=None, chunk: int = 128, remat: bool = False,
+                   activation_sharding=None) -> jax.Array:
     """`logp[b, t] = log p(tokens[b, t] | tokens[b, <t] of its segment)`, float32 `[B, T]`.
 
     Aligned with the tokens (not shifted), so a loss mask that marks generated tokens
@@ -45,7 +46,8 @@ def token_logprobs(config: ModelConfig, params: Params, tokens_BT, positions_BT=
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     if segment_ids_BT is None:
         segment_ids_BT = jnp.ones_like(tokens_BT)
-    hidden = hidden_states(config, params, tokens_BT, positions_BT, segment_ids_BT, remat=remat)
+    hidden = hidden_states(config, params, tokens_BT, positions_BT, segment_ids_BT, remat=remat,
+                           activation_sharding=activation_sharding)
     logp_next = logprobs_from_hidden(hidden[:, :-1], output_kernel(config, params),
                                      tokens_BT[:, 1:], chunk)
     continues = segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]

@@ -60,6 +60,16 @@ def logical_axes(config: ModelConfig) -> Params:
     return {"embedder": embed_axes, "layers": layer_axes}
 
 
+def cast_floating(tree, dtype):
+    """Floating-point leaves of `tree` in `dtype` (integer leaves and same-dtype leaves
+    pass through untouched, so a float32 model casts nothing)."""
+    def cast(x):
+        return x.astype(dtype) if (jnp.issubdtype(x.dtype, jnp.floating)
+                                   and x.dtype != dtype) else x
+
+    return jax.tree.map(cast, tree)
+
+
 def param_count(params: Params) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
@@ -118,17 +128,34 @@ def packed_mask(segment_ids_BT: jax.Array) -> jax.Array:
 
 
 def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
-               attend: AttendFn, cache: Any, aux: Any, remat: bool = False):
-    """Embed, run the decoder stack under scan, final norm. Returns (hidden_BTD, cache)."""
+               attend: AttendFn, cache: Any, aux: Any, remat: bool = False,
+               activation_sharding=None):
+    """Embed, run the decoder stack under scan, final norm. Returns (hidden_BTD, cache).
+
+    Computes in `config.dtype` whatever dtype `params` are stored in: a trainer keeps
+    float32 master weights and runs bf16 matmuls, the gradient flowing back through the
+    cast in float32. Each layer is cast inside the scan, so only one layer's low-precision
+    copy is alive at a time. `activation_sharding` pins the residual stream `[B, T, D]` at
+    every layer boundary (the trainer passes its batch sharding, so activations stay split
+    over the batch axes instead of being replicated or all-reduced).
+    """
     (embed_def, _), (layer_def, _) = _graphdefs(config)
-    embedder = nnx.merge(embed_def, params["embedder"])
+    dtype = config.jnp_dtype
+    embedder = nnx.merge(embed_def, cast_floating(params["embedder"], dtype))
     x = embedder.embed(tokens_BT)
+
+    def pin(x_BTD):
+        if activation_sharding is None:
+            return x_BTD
+        return jax.lax.with_sharding_constraint(x_BTD, activation_sharding)
+
+    x = pin(x)
 
     def body(x_BTD, layer_inputs):
         layer_params, layer_cache = layer_inputs
-        layer = nnx.merge(layer_def, layer_params)
+        layer = nnx.merge(layer_def, cast_floating(layer_params, dtype))
         x_BTD, layer_cache = layer(x_BTD, positions_BT, attend, layer_cache, aux)
-        return x_BTD, layer_cache
+        return pin(x_BTD), layer_cache
 
     if remat:
         body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
@@ -138,11 +165,13 @@ def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
 
 def output_kernel(config: ModelConfig, params: Params) -> jax.Array:
     (embed_def, _), _ = _graphdefs(config)
-    return nnx.merge(embed_def, params["embedder"]).output_kernel_DV()
+    embedder = nnx.merge(embed_def, cast_floating(params["embedder"], config.jnp_dtype))
+    return embedder.output_kernel_DV()
 
 
 def hidden_states(config: ModelConfig, params: Params, tokens_BT, positions_BT=None,
-                  segment_ids_BT=None, remat: bool = False) -> jax.Array:
+                  segment_ids_BT=None, remat: bool = False, activation_sharding=None
+                  ) -> jax.Array:
     """Final-norm hidden states `[B, T, D]` over packed sequences."""
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     if segment_ids_BT is None:
@@ -150,7 +179,8 @@ def hidden_states(config: ModelConfig, params: Params, tokens_BT, positions_BT=N
     if positions_BT is None:
         positions_BT = default_positions(tokens_BT, segment_ids_BT)
     hidden, _ = run_layers(config, params, tokens_BT, positions_BT, packed_attend, None,
-                           packed_mask(segment_ids_BT), remat=remat)
+                           packed_mask(segment_ids_BT), remat=remat,
+                           activation_sharding=activation_sharding)
     return hidden
 
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tidejax.models.config import ModelConfig
-from tidejax.models.model import Params
+from tidejax.models.model import Params, cast_floating
 from tidejax.models.sharding import ROLLOUT_RULES, make_mesh, param_shardings
 from tidejax.serving import steps
 from tidejax.serving.config import EngineConfig, SamplingParams
@@ -130,8 +130,27 @@ class Engine:
         return self.engine_config.max_seq_len
 
     def load_params(self, params: Params) -> Params:
-        """Place `params` on this rank's mesh (ROLLOUT_RULES shardings)."""
-        return jax.device_put(params, self._param_shardings)
+        """Place `params` on this rank's mesh (ROLLOUT_RULES shardings) in the model's
+        dtype. Host arrays are cast before they travel; device arrays (a trainer's
+        `compute_copy`) move device to device and are cast there if they still need it."""
+        dtype = self.config.jnp_dtype
+        params = jax.tree.map(
+            lambda x: x if isinstance(x, jax.Array) else cast_floating(x, dtype), params)
+        placed = jax.device_put(params, self._param_shardings)
+        if all(x.dtype == dtype for x in jax.tree.leaves(placed)
+               if np.issubdtype(x.dtype, np.floating)):
+            return placed
+        return _cast_on_device(placed, dtype, self._param_shardings)
+
+    def release(self) -> None:
+        """Free this rank's weights and KV pages (its rank closed); the engine is unusable
+        afterwards. Compiled steps stay cached for the next engine on these devices."""
+        if any(s is not None for s in self._slots):
+            raise ValueError("release needs every decode slot free")
+        self.pool.flush()
+        self.params = None
+        self._kv = None
+        self._last_state = None
 
     def init_decode_state(self) -> DecodeState:
         ec = self.engine_config
@@ -348,6 +367,10 @@ class Engine:
         stop = np.full((self.engine_config.max_stop_tokens,), -1, np.int32)
         stop[: len(sampling.stop_token_ids)] = sampling.stop_token_ids
         return stop
+
+
+def _cast_on_device(params: Params, dtype, shardings) -> Params:
+    return jax.jit(functools.partial(cast_floating, dtype=dtype), out_shardings=shardings)(params)
 
 
 @functools.lru_cache(maxsize=16)

@@ -24,6 +24,7 @@ from tidejax.runtime.config import RolloutConfig
 from tidejax.serving.config import EngineConfig
 
 SYSTEMS = ("sync", "async", "stream", "tide")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,10 @@ class RunConfig:
     tokenizer_vocab: int = 2048  # BPE trained on the env's text when no tokenizer is given
     # Resize the preset's embedding (None: keep it): 2048 BPE tokens + 1,500 product ids.
     model_vocab_size: int | None = 4096
+    # Mixed precision: the dtype matmuls run in and rollout weights and KV are kept in; the
+    # trainer always holds float32 master weights and Adam moments. None: the preset's
+    # (float32 tiny, bfloat16 Qwen2.5) or, with hf_path, the checkpoint's torch_dtype.
+    compute_dtype: str | None = None
     seed: int = 0
     steps: int = 12
     group_size: int = 4
@@ -120,6 +125,9 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RunConfig.{name} must be a positive int, got {value!r}")
+        if self.compute_dtype not in (None, *COMPUTE_DTYPES):
+            raise ValueError(f"RunConfig.compute_dtype must be one of {COMPUTE_DTYPES} or "
+                             f"unset, got {self.compute_dtype!r}")
         if self.group_size < 2:
             raise ValueError(f"RunConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
         if self.model_vocab_size is not None and self.model_vocab_size < self.tokenizer_vocab:

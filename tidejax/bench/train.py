@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> float:
     args = parser.parse_args(argv)
 
     config = get_preset(args.preset)
-    rl = RLConfig(remat=args.remat)
+    rl = RLConfig(remat=True if args.remat else None)  # None: the size-based default
     mesh = make_mesh(jax.devices()[:1])
     trainer = make_trainer(config, rl, mesh)
     rng = np.random.default_rng(0)

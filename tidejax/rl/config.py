@@ -105,14 +105,15 @@ class RLConfig:
 
     `logprob_chunk` bounds the live `[B, chunk, V]` logits; `remat` recomputes each layer's
     activations in the backward pass (smaller residuals between actor forward and backward,
-    about one extra forward of compute).
+    about one extra forward of compute); None turns it on for models above
+    `tidejax.rl.trainer.REMAT_ABOVE_PARAMS`.
     """
 
     loss: LossConfig = LossConfig()
     advantage: AdvantageConfig = AdvantageConfig()
     optim: OptimConfig = OptimConfig()
     logprob_chunk: int = 128
-    remat: bool = False
+    remat: bool | None = None
 
     def __post_init__(self):
         name = type(self).__name__

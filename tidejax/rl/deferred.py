@@ -46,11 +46,13 @@ Pullback = Any  # jax.vjp's pullback: a pytree of residual arrays, callable on d
 
 
 def actor_forward(model_config: ModelConfig, params: Params, batch: Batch, *,
-                  chunk: int = 128, remat: bool = False) -> tuple[jax.Array, Pullback]:
+                  chunk: int = 128, remat: bool = False, activation_sharding=None
+                  ) -> tuple[jax.Array, Pullback]:
     """Per-token log-probs `[B, T]` and the pullback that maps dL/dlogp to dL/dparams."""
     def logp_fn(p):
         return token_logprobs(model_config, p, batch.tokens, batch.positions, batch.segment_ids,
-                              chunk=chunk, remat=remat)
+                              chunk=chunk, remat=remat,
+                              activation_sharding=activation_sharding)
 
     return jax.vjp(logp_fn, params)
 

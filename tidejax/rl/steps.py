@@ -32,37 +32,41 @@ Params = dict[str, Any]
 
 
 def ref_logprobs(model_config: ModelConfig, ref_params: Params, batch: Batch, *,
-                 chunk: int = 128) -> jax.Array:
+                 chunk: int = 128, activation_sharding=None) -> jax.Array:
     """Reference-model log-probs `[B, T]` (forward only; no gradient flows)."""
     return jax.lax.stop_gradient(token_logprobs(
         model_config, ref_params, batch.tokens, batch.positions, batch.segment_ids,
-        chunk=chunk))
+        chunk=chunk, activation_sharding=activation_sharding))
 
 
 def fused_rl_loss(params: Params, model_config: ModelConfig, batch: Batch, ref_logp_BT,
                   loss_config: LossConfig, denom=None, *, chunk: int = 128,
-                  remat: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+                  remat: bool = False, activation_sharding=None
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The ordinary formulation: log-probs and loss in one forward."""
     logp = token_logprobs(model_config, params, batch.tokens, batch.positions,
-                          batch.segment_ids, chunk=chunk, remat=remat)
+                          batch.segment_ids, chunk=chunk, remat=remat,
+                          activation_sharding=activation_sharding)
     return rl_loss(logp, ref_logp_BT, batch, loss_config, denom)
 
 
 def actor_grads(model_config: ModelConfig, params: Params, batch: Batch, ref_logp_BT,
-                loss_config: LossConfig, denom=None, *, chunk: int = 128, remat: bool = False
-                ) -> tuple[Params, dict[str, jax.Array]]:
+                loss_config: LossConfig, denom=None, *, chunk: int = 128, remat: bool = False,
+                activation_sharding=None) -> tuple[Params, dict[str, jax.Array]]:
     """Fused actor gradients: `jax.grad` of `fused_rl_loss` (needs ref_logp up front)."""
     grad_fn = jax.grad(fused_rl_loss, has_aux=True)
     return grad_fn(params, model_config, batch, ref_logp_BT, loss_config, denom, chunk=chunk,
-                   remat=remat)
+                   remat=remat, activation_sharding=activation_sharding)
 
 
 def sft_grads(model_config: ModelConfig, params: Params, batch: Batch, denom=None, *,
-              chunk: int = 128, remat: bool = False) -> tuple[Params, dict[str, jax.Array]]:
+              chunk: int = 128, remat: bool = False, activation_sharding=None
+              ) -> tuple[Params, dict[str, jax.Array]]:
     """Gradients of the masked next-token loss on `batch.loss_mask` tokens."""
     def loss_fn(p):
         logp = token_logprobs(model_config, p, batch.tokens, batch.positions,
-                              batch.segment_ids, chunk=chunk, remat=remat)
+                              batch.segment_ids, chunk=chunk, remat=remat,
+                              activation_sharding=activation_sharding)
         return sft_loss(logp, batch, denom)
 
     return jax.grad(loss_fn, has_aux=True)(params)
@@ -97,10 +101,10 @@ def apply_update(state: TrainState, accum: Accum, optim_config: OptimConfig
 
 
 def sft_step(model_config: ModelConfig, state: TrainState, batch: Batch, denom=None, *,
-             optim_config: OptimConfig, chunk: int = 128, remat: bool = False
-             ) -> tuple[TrainState, dict[str, jax.Array]]:
+             optim_config: OptimConfig, chunk: int = 128, remat: bool = False,
+             activation_sharding=None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One supervised update on `batch` (masked next-token loss)."""
     grads, metrics = sft_grads(model_config, state.params, batch, denom, chunk=chunk,
-                               remat=remat)
+                               remat=remat, activation_sharding=activation_sharding)
     return apply_update(state, add_to_accum(zero_accum(state.params), grads, metrics),
                         optim_config)

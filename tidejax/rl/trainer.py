@@ -20,6 +20,11 @@ RA2P decoupled mode, as the runtime drives it (one Trainer per submesh):
 Colocated mode replaces forward + backward by `actor_grads(params, mb, ref_logp, denom,
 accum)`. JAX dispatch is asynchronous, so these calls return at once and the devices
 overlap them; only reading a metric waits.
+
+Precision: the state always holds float32 master weights and float32 Adam moments; steps
+compute in `model_config.dtype` (bf16 for the Qwen presets), casting layer by layer inside
+the model, so gradients arrive in float32. `compute_copy` makes the low-precision copy the
+rollout engines and a frozen reference use, on this mesh, without a host round trip.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tidejax.models import ModelConfig, init_params
+from tidejax.models.model import abstract_params, cast_floating, param_count
 from tidejax.models.sharding import TRAIN_RULES, LogicalRules, param_shardings
 from tidejax.rl import deferred, steps
 from tidejax.rl.batch import Batch
@@ -43,6 +49,19 @@ from tidejax.rl.losses import empty_metrics
 from tidejax.rl.state import Accum, TrainState, add_to_accum, init_train_state, make_optimizer
 
 Params = dict[str, Any]
+
+# Per-layer remat by default above this size. At Qwen2.5-7B shapes one layer's saved
+# activations for a 6,144-token micro-batch are several GiB (q/k/v, the float32 attention
+# scores of each 256-query block, three [T, F] MLP tensors), times 28 layers: more than an
+# 80 GB card holds beside the state. Recomputing costs about one extra forward (~33% of a
+# step's FLOPs); below ~1B parameters activations fit and the extra forward is pure cost.
+REMAT_ABOVE_PARAMS = 1_000_000_000
+
+
+def resolve_remat(model_config: ModelConfig, rl_config: RLConfig) -> bool:
+    if rl_config.remat is not None:
+        return rl_config.remat
+    return param_count(abstract_params(model_config)) > REMAT_ABOVE_PARAMS
 
 
 class Trainer:
@@ -55,13 +74,14 @@ class Trainer:
         every `jax.jit` (tests pass a low XLA optimisation level to compile faster)."""
         self.model_config, self.rl_config, self.mesh, self.rules = (
             model_config, rl_config, mesh, rules)
+        # Master weights (and so Adam's moments) are float32 whatever the compute dtype.
+        self.master_config = master = model_config.replace(dtype="float32")
         repl = NamedSharding(mesh, PartitionSpec())
-        abstract_params = jax.eval_shape(functools.partial(init_params, model_config),
-                                         jax.random.key(0))
-        self.param_shardings = param_shardings(model_config, mesh, rules, abstract_params)
+        master_params = abstract_params(master)
+        self.param_shardings = param_shardings(model_config, mesh, rules, master_params)
         tx = make_optimizer(rl_config.optim)
         opt_shardings = optax.tree_map_params(
-            tx, lambda _, s: s, jax.eval_shape(tx.init, abstract_params), self.param_shardings,
+            tx, lambda _, s: s, jax.eval_shape(tx.init, master_params), self.param_shardings,
             transform_non_params=lambda _: repl)
         self.state_shardings = TrainState(params=self.param_shardings, opt_state=opt_shardings,
                                           step=repl, policy_version=repl, key=repl)
@@ -70,9 +90,12 @@ class Trainer:
         self.data_parallel = math.prod(mesh.shape[a] for a in axes)
         self.batch_sharding = NamedSharding(
             mesh, PartitionSpec(axes if axes else None, None))
+        activations = NamedSharding(mesh, PartitionSpec(axes if axes else None, None, None))
 
         cfg, rl, loss = model_config, rl_config, rl_config.loss
-        kw = {"chunk": rl.logprob_chunk, "remat": rl.remat}
+        self.remat = resolve_remat(model_config, rl_config)
+        kw = {"chunk": rl.logprob_chunk, "remat": self.remat,
+              "activation_sharding": activations}
         ps, ss, acs = self.param_shardings, self.state_shardings, self.accum_shardings
         bs = self.batch_sharding
         if jit:
@@ -97,20 +120,24 @@ class Trainer:
 
         def zeros():
             return Accum(grads=jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32),
-                                            abstract_params), metrics=empty_metrics())
+                                            master_params), metrics=empty_metrics())
 
         def init(key):
-            return init_train_state(init_params(cfg, jax.random.wrap_key_data(key)), rl.optim,
-                                    key)
+            return init_train_state(init_params(master, jax.random.wrap_key_data(key)),
+                                    rl.optim, key)
 
         def init_from(key, params):
-            return init_train_state(params, rl.optim, key)
+            return init_train_state(cast_floating(params, jnp.float32), rl.optim, key)
 
         self._init = compile_(init, in_shardings=(repl,), out_shardings=ss)
         self._init_from = compile_(init_from, in_shardings=(repl, ps), out_shardings=ss)
         self._zero = compile_(zeros, out_shardings=acs)
-        self._ref = compile_(functools.partial(steps.ref_logprobs, cfg, chunk=rl.logprob_chunk),
+        self._ref = compile_(functools.partial(steps.ref_logprobs, cfg, chunk=rl.logprob_chunk,
+                                               activation_sharding=activations),
                              in_shardings=(ps, bs), out_shardings=bs)
+        self._compute_copy = compile_(
+            functools.partial(cast_floating, dtype=cfg.jnp_dtype), in_shardings=(ps,),
+            out_shardings=ps)
         self._forward = compile_(forward, in_shardings=(ps, bs))
         # The pullback is not donated: among its residuals are the parameter arrays
         # themselves, which the state still owns. Its shardings are whatever the forward
@@ -141,6 +168,11 @@ class Trainer:
         """Reshard parameters (from the host or another submesh) onto this mesh."""
         return jax.device_put(params, self.param_shardings)
 
+    def compute_copy(self, params: Params) -> Params:
+        """`params` in the compute dtype, sharded on this mesh (a bf16 model's rollout
+        weights and frozen reference). Device to device: nothing passes through the host."""
+        return self._compute_copy(self.put_params(params))
+
     def init_state(self, seed: int = 0, params: Params | None = None) -> TrainState:
         """A TrainState born sharded: random params from `seed`, or the given `params`."""
         key = jax.random.key_data(jax.random.key(seed))
@@ -151,8 +183,8 @@ class Trainer:
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and this mesh's shardings of a TrainState (for restoring)."""
         shapes = jax.eval_shape(lambda k: init_train_state(
-            init_params(self.model_config, jax.random.wrap_key_data(k)), self.rl_config.optim,
-            k), jax.random.key_data(jax.random.key(0)))
+            init_params(self.master_config, jax.random.wrap_key_data(k)),
+            self.rl_config.optim, k), jax.random.key_data(jax.random.key(0)))
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             shapes, self.state_shardings)
 

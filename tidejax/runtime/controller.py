@@ -13,7 +13,9 @@ the RA2P update on the trainer submesh; then, at the post-update boundary, ERS p
 next partition (tide only), the controller closes/opens rollout ranks (tasks of a closed
 rank are re-homed by CTB and re-prefilled with the new weights), places the actor and
 reference on their new submeshes (`jax.device_put` onto new `NamedSharding`s), pushes the
-new weights to every rollout rank (each flushes its KV: old-policy cache is invalid),
+new weights to every rollout rank device to device (the trainer casts them to the compute
+dtype on its own mesh, each rank copies them onto its devices and flushes its KV:
+old-policy cache is invalid; a closed rank's engine frees its weights and KV),
 queues evaluation tasks for the version just trained (they run during the next step and
 report against that version) and checkpoints. `sync` instead alternates phases: roll out
 exactly one batch with every device, then train on every device.
@@ -127,7 +129,10 @@ class Controller:
         self.progress = progress
         self.stop = stop
         self._saved_step: int | None = None  # the step of the last checkpoint written
+        # What a rank opened before any live rank exists loads: the warm start (host), or on
+        # resume the restored policy's compute copy (device). Later ranks copy a live one.
         self.params_host = jax.device_get(params)
+        self.first_rollout_weights = self.params_host
         self.system = cfg.system
         bound = 0 if cfg.system == "sync" else cfg.rollout.staleness_bound
         scheduler = "ctb" if cfg.system == "tide" else "request"
@@ -166,33 +171,44 @@ class Controller:
             return self.devices, [], self.devices[-n_train:]
         return assign_devices(partition, self.devices)
 
-    def _engine(self, device):
-        if device.id not in self._engines:
-            self._engines[device.id] = make_engine(self.model_config, self.params_host, [device],
-                                                   self.cfg.engine)
-        return self._engines[device.id]
+    def _rollout_source(self, manager: RolloutManager, state: TrainState | None
+                        ) -> tuple[Any, int]:
+        """(weights, version) a newly opened rank starts from: what a live rank serves
+        (copied device to device), else the first weights (warm start or restored), else
+        the trainer's current policy."""
+        for worker in manager.workers.values():
+            if worker.alive:
+                return worker.engine.params, worker.version
+        if self.first_rollout_weights is None:
+            return self.runner.actor.compute_copy(state.params), self.version
+        return self.first_rollout_weights, self.version
 
-    def _worker(self, device) -> RolloutWorker:
-        engine = self._engine(device)
-        engine.params = engine.load_params(self.params_host)
-        engine.flush()
+    def _worker(self, device, weights, version: int) -> RolloutWorker:
+        # A fresh engine per opening: the closed one freed its memory, and its compiled
+        # steps are cached per device, so nothing recompiles.
+        engine = self._engines[device.id] = make_engine(self.model_config, weights, [device],
+                                                        self.cfg.engine)
         return RolloutWorker(device.id, engine, pin_after_turn=self.system == "tide",
-                             version=self.version, trace=self.trace, track=f"cpu:{device.id}")
+                             version=version, trace=self.trace, track=f"cpu:{device.id}")
 
     async def _apply_partition(self, partition: ers.Partition, manager: RolloutManager,
                                state: TrainState | None) -> TrainState | None:
         rollout, ref, actor = self._roles(partition)
         rollout = [d for d in rollout if d.id not in manager.quarantined]
         want = {d.id for d in rollout}
+        source = self._rollout_source(manager, state)  # taken before any rank closes
         for rank in [r for r in manager.workers if r not in want]:
             manager.close_rank(rank)
         for rank in [r for r in list(manager.workers) if r not in want]:
             while not manager.rank_drained(rank):
                 await asyncio.sleep(0.005)
             manager.remove_rank(rank).stop()
+            engine = self._engines.pop(rank, None)  # its devices may train next
+            if engine is not None:
+                engine.release()
         for device in rollout:
             if device.id not in manager.workers:
-                manager.open_rank(device.id, self._worker(device))
+                manager.open_rank(device.id, self._worker(device, *source))
         if not manager.workers:
             manager.failure = manager.failure or AllRanksFailed(
                 f"no rollout rank left to serve (quarantined: {sorted(manager.quarantined)})")
@@ -202,10 +218,11 @@ class Controller:
         return state
 
     async def _sync_weights(self, manager: RolloutManager, state: TrainState) -> float:
+        """Push the new policy to every rollout rank with no host round trip: cast to the
+        compute dtype on the actor mesh, then each rank copies it onto its own devices."""
         start = time.perf_counter()
-        self.params_host = await asyncio.to_thread(jax.device_get, state.params)
-        events = [w.update_weights(self.params_host, self.version)
-                  for w in manager.workers.values()]
+        weights = await asyncio.to_thread(self.runner.actor.compute_copy, state.params)
+        events = [w.update_weights(weights, self.version) for w in manager.workers.values()]
         await asyncio.to_thread(lambda: [e.wait() for e in events])
         return time.perf_counter() - start
 
@@ -277,8 +294,11 @@ class Controller:
         self.manager = manager
         self.version = start_step
         if state is not None:  # resuming: rollout serves the restored policy, not the warm start
-            self.params_host = await asyncio.to_thread(jax.device_get, state.params)
+            _, _, actor = self._roles(partition)
+            self.first_rollout_weights = await asyncio.to_thread(
+                self.runner.trainer_for(actor).compute_copy, state.params)
         state = await self._apply_partition(partition, manager, state)
+        self.first_rollout_weights = None  # live ranks are the source from now on
         if rollout is not None:
             restored = resume.restore(rollout, manager, self.buffer)
             log.info("restored rollout: %d ready groups, %d in-flight tasks restarted, "

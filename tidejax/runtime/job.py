@@ -140,13 +140,16 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     need_demos = not tokenizer_given or (cfg.sft.steps > 0 and not os.path.exists(sft_cache))
     demos = demonstrations(cfg) if need_demos else []
     tokenizer = build_tokenizer(cfg, cache_dir, demos)
-    if cfg.hf_path:
-        model_config, params = models.load_hf(cfg.hf_path, dtype="float32")
+    if cfg.hf_path:  # read in the compute dtype: the trainer makes float32 masters of it
+        model_config, params = models.load_hf(cfg.hf_path, dtype=cfg.compute_dtype)
     else:
         model_config = models.get_preset(cfg.preset)
         if cfg.model_vocab_size is not None:
             model_config = model_config.replace(vocab_size=cfg.model_vocab_size)
-        params = models.init_params(model_config, jax.random.key(cfg.seed))
+        if cfg.compute_dtype is not None:
+            model_config = model_config.replace(dtype=cfg.compute_dtype)
+        params = models.init_params(model_config.replace(dtype="float32"),
+                                    jax.random.key(cfg.seed))
     check_matches_model(tokenizer, model_config.vocab_size)
     t0 = time.perf_counter()
     params = sft_warm_start(cfg, model_config, params,

@@ -1,0 +1,103 @@
+"""Weight movement between trainer and rollout: device to device, bf16 on the rollout side,
+and a closed rank's engine memory released."""
+
+import asyncio
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tidejax.models.testing import tiny_config, tiny_params, tiny_tokenizer
+
+from tidejax.config import run_config_from_dict
+from tidejax.envs import EnvPool, PoolConfig
+from tidejax.envs.pool import local_env_factory
+from tidejax.rl.testing import FAST_COMPILE
+from tidejax.runtime import controller as controller_module
+from tidejax.runtime.manager import RolloutManager
+from tidejax.sched import ers
+from tidejax.serving import EngineConfig, make_engine
+
+DEVICES = 4
+
+
+def device_bytes(device) -> int:
+    return sum(s.data.nbytes for x in jax.live_arrays() for s in x.addressable_shards
+               if s.device == device)
+
+
+def make_controller():
+    cfg = run_config_from_dict({
+        "system": "async", "steps": 1, "group_size": 2, "batch_groups": 1,
+        "min_batch_groups": 1, "eval_every": 0, "checkpoint_every": 0,
+        "model_vocab_size": None, "compute_dtype": "bfloat16",
+        "topology": {"devices": DEVICES, "rollout_ranks": 3},
+        "engine": {"page_size": 16, "num_pages": 128, "max_slots": 2, "max_pages_per_seq": 96,
+                   "prefill_buckets": [256, 768]}})
+    model_config = tiny_config(dtype="bfloat16")
+    pool = EnvPool(PoolConfig(capacity=4), env_factory=local_env_factory())
+    ctrl = controller_module.Controller(cfg, model_config, tiny_params(tiny_config()),
+                                        tiny_tokenizer(), pool, jax.devices()[:DEVICES])
+    ctrl.runner.compiler_options = FAST_COMPILE
+    return ctrl
+
+
+def test_sync_moves_bf16_weights_device_to_device_and_closing_a_rank_frees_it():
+    ctrl = make_controller()
+    cfg = ctrl.cfg
+
+    async def scenario():
+        manager = RolloutManager(ctrl.rollout_config, {}, ctrl.pool, ctrl.tokenizer,
+                                 ctrl.buffer, cfg.env_type, cfg.rl.advantage, seed=0,
+                                 max_seq_len=cfg.row_len)
+        three = ers.Partition(rollout=3, actor=1)
+        state = await ctrl._apply_partition(three, manager, None)
+        state = ctrl.runner.actor.init_state(0, ctrl.params_host)
+        state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
+        ctrl.version = 1
+        # No device-to-host transfer may happen while the new policy reaches the ranks.
+        jax.config.update("jax_transfer_guard_device_to_host", "disallow")
+        try:
+            await ctrl._sync_weights(manager, state)
+        finally:
+            jax.config.update("jax_transfer_guard_device_to_host", "allow")
+        want = jax.device_get(jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params))
+        for rank, worker in manager.workers.items():
+            assert worker.version == 1
+            for got, expect in zip(jax.tree.leaves(worker.engine.params),
+                                   jax.tree.leaves(want)):
+                assert got.dtype == jnp.bfloat16
+                assert got.sharding.device_set == {jax.devices()[rank]}
+                np.testing.assert_array_equal(np.asarray(got), expect)
+        del worker, got  # this frame must not keep a closing rank's weights alive
+
+        closing = jax.devices()[2]
+        engine = ctrl._engines[closing.id]
+        held = [weakref.ref(x) for x in jax.tree.leaves((engine.params, engine._kv))]
+        two = ers.Partition(rollout=2, actor=2)
+        state = await ctrl._apply_partition(two, manager, state)
+        assert sorted(manager.workers) == [0, 1] and closing.id not in ctrl._engines
+        assert engine.params is None and engine._kv is None
+        del engine
+        gc.collect()
+        alive = [r() for r in held if r() is not None]
+        assert held and not alive, f"{len(alive)} of the closed rank's arrays are still alive"
+        await manager.aclose()
+        for worker in list(manager.workers.values()):
+            worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_engine_casts_host_float32_weights_before_they_travel():
+    config = tiny_config(dtype="bfloat16")
+    engine = make_engine(config, tiny_params(tiny_config()), jax.devices()[5:6],
+                         EngineConfig(page_size=16, num_pages=8, max_slots=1,
+                                      max_pages_per_seq=8, prefill_buckets=(64,)))
+    assert {x.dtype for x in jax.tree.leaves(engine.params)} == {jnp.dtype(jnp.bfloat16)}
+    assert engine._kv.k.dtype == jnp.bfloat16
+    before = device_bytes(jax.devices()[5])
+    engine.release()
+    gc.collect()
+    assert before > 0 and device_bytes(jax.devices()[5]) == 0
