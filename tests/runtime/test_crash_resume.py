@@ -13,6 +13,7 @@ of this config differed by 1.5e-5 after three steps). The per-step token counts 
 values are compared as well.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -160,19 +161,26 @@ def stop_cmd(tmp_path, out, *extra):
             "--compile-cache", str(tmp_path / "cache"), *extra]
 
 
-def test_sigterm_checkpoints_at_the_next_boundary_then_resume_finishes(tmp_path):
-    out = tmp_path / "run"
-    log_path = tmp_path / "stopped.log"
+@contextlib.contextmanager
+def logged_job(cmd, log_path):
+    """The job as a subprocess writing to `log_path`, killed if the test leaves it running."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(stop_cmd(tmp_path, out), cwd=ROOT, env=job_env(), stdout=log,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=log,
                                 stderr=subprocess.STDOUT)
         try:
-            wait_for(lambda: 1 in step_records_or_empty(out), proc, 900, "step 1")
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=300)
+            yield proc
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_sigterm_checkpoints_at_the_next_boundary_then_resume_finishes(tmp_path):
+    out = tmp_path / "run"
+    log_path = tmp_path / "stopped.log"
+    with logged_job(stop_cmd(tmp_path, out), log_path) as proc:
+        wait_for(lambda: 1 in step_records_or_empty(out), proc, 900, "step 1")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
     text = log_path.read_text()
     assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
@@ -200,19 +208,13 @@ def step_records_or_empty(run_dir) -> dict[int, dict]:
 def test_a_second_signal_exits_at_once(tmp_path):
     out = tmp_path / "run"
     log_path = tmp_path / "twice.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(stop_cmd(tmp_path, out), cwd=ROOT, env=job_env(), stdout=log,
-                                stderr=subprocess.STDOUT)
-        try:
-            wait_for(lambda: (out / "config.json").exists(), proc, 300, "the run to start")
-            proc.send_signal(signal.SIGTERM)
-            wait_for(lambda: "stopping at the next safe boundary" in log_path.read_text(),
-                     proc, 60, "the first signal's message")
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with logged_job(stop_cmd(tmp_path, out), log_path) as proc:
+        wait_for(lambda: (out / "config.json").exists(), proc, 300, "the run to start")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "stopping at the next safe boundary" in log_path.read_text(),
+                 proc, 60, "the first signal's message")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
     text = log_path.read_text()
     assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
     assert "SIGTERM again: exiting now" in text

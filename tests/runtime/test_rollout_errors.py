@@ -1,18 +1,12 @@
 """A rollout rank fails on engine errors and waits (without spinning) when its KV pool is full."""
 
-import asyncio
 import threading
 import time
 
-from tidejax.envs import EnvPool, PoolConfig, make_tasks
-from tidejax.envs.latency import LatencyModel
-from tidejax.envs.pool import local_env_factory
-from tidejax.models.testing import tiny_tokenizer
-from tidejax.runtime.buffer import GlobalBuffer
-from tidejax.runtime.config import RolloutConfig
-from tidejax.runtime.manager import RolloutManager
 from tidejax.runtime.rollout import RankFailed, RolloutWorker, TurnResult
 from tidejax.serving import EngineConfig, MockEngine, Request
+
+# Quarantine and re-homing after an engine error: tests/runtime/test_manager.py.
 
 # 8 pages of 4 tokens; a sequence may use all of them (max_seq_len 32).
 SMALL_POOL = EngineConfig(page_size=4, num_pages=8, max_slots=2, max_pages_per_seq=8,
@@ -113,31 +107,3 @@ def test_a_turn_that_can_never_fit_waits_for_a_command_without_spinning():
     assert len(steps) == before + 1
     assert worker.alive
     worker.stop()
-
-
-def test_a_rank_whose_engine_fails_is_quarantined_and_its_tasks_train_elsewhere():
-    async def go():
-        tok = tiny_tokenizer()
-        config = EngineConfig(page_size=16, num_pages=512, max_slots=4, max_pages_per_seq=96,
-                              prefill_buckets=(256, 768))
-        engines = {0: MockEngine(config, vocab_size=tok.vocab_size),
-                   1: OnceBrokenEngine(config, vocab_size=tok.vocab_size)}
-        workers = {r: RolloutWorker(r, e, pin_after_turn=True) for r, e in engines.items()}
-        pool = EnvPool(PoolConfig(capacity=32), env_factory=local_env_factory(),
-                       latency=LatencyModel.default(time_scale=0.01, seed=0))
-        buffer = GlobalBuffer(staleness_bound=8, micro_batch_tokens=4096)
-        manager = RolloutManager(RolloutConfig(max_new_tokens=8, batch_groups=4,
-                                               staleness_bound=8),
-                                 workers, pool, tok, buffer, "webshop", max_seq_len=1536)
-        tasks = make_tasks("webshop", "train", 4, 2, seed=0, max_turns=2)
-        manager.add_groups(tasks, 2)
-        await asyncio.wait_for(manager.wait_idle(), timeout=120)
-        for w in manager.workers.values():
-            w.stop()
-        await pool.aclose()
-        return manager, buffer, tasks
-
-    manager, buffer, tasks = asyncio.run(go())
-    assert manager.quarantined == {1}
-    trained = [tid for g in buffer.take(100, 0) for tid in g.payload.task_ids]
-    assert sorted(trained) == sorted(t.task_id for t in tasks)
