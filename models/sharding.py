@@ -2,7 +2,9 @@
 
 Parameters and activations carry logical names (`embed`, `heads`, `mlp`, ...). A rules
 object maps each name to mesh axes; a name whose dimension does not divide evenly over
-its mesh axes stays replicated, so the same rules work on any submesh size.
+its mesh axes stays replicated, so the same rules work on any submesh size. That costs
+memory on meshes whose size divides nothing (3, 5 or 6 devices for Qwen2.5-7B's 3,584
+model dim): `undivided_bytes` measures it, and the trainer warns when it matters.
 """
 
 from __future__ import annotations
@@ -85,6 +87,30 @@ def spec_for(names: Sequence[str | None], shape: Sequence[int], rules: LogicalRu
         used.update(axes)
         parts.append(axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*parts)
+
+
+def undivided_bytes(config: ModelConfig, mesh: Mesh, rules: LogicalRules,
+                    abstract: Params | None = None) -> dict[str, int]:
+    """Per parameter that the rules would shard but whose dimensions do not divide the
+    mesh: the bytes each device holds beyond an even share. Empty when nothing is lost."""
+    if abstract is None:
+        abstract = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+    lost: dict[str, int] = {}
+
+    def check(path, names, leaf):
+        wanted = {a for n in names for a in rules.mesh_axes(n)
+                  if a in mesh.shape and mesh.shape[a] > 1}
+        spec = spec_for(names, leaf.shape, rules, mesh)
+        got = {a for part in spec if part is not None
+               for a in ((part,) if isinstance(part, str) else part)}
+        missing = math.prod(mesh.shape[a] for a in wanted - got)
+        if missing > 1:
+            held = leaf.size * leaf.dtype.itemsize // math.prod(mesh.shape[a] for a in got)
+            lost[jax.tree_util.keystr(path)] = held - held // missing
+
+    jax.tree_util.tree_map_with_path(check, logical_axes(config), abstract,
+                                     is_leaf=lambda x: isinstance(x, tuple))
+    return lost
 
 
 def param_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules,

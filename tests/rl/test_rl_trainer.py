@@ -185,3 +185,26 @@ def test_a_grpo_step_moves_log_probs_the_way_the_advantages_point():
     logp_after = np.asarray(tr.ref_logprobs(state.params, tr.put(batch)))
     change = ((logp_after - logp_before) * mb1.loss_mask).sum(axis=1)
     assert np.all(change[::2] > 0) and np.all(change[1::2] < 0), change
+
+
+def test_state_a_mesh_size_cannot_shard_is_measured_and_reported(caplog):
+    """Qwen2.5-7B's model dim (3,584) does not divide over 6 devices: the trainer says how
+    much state each device holds beyond an even share; 8 devices divide and stay quiet."""
+    from tidejax.models import get_preset
+    from tidejax.models.model import abstract_params
+    from tidejax.models.sharding import make_mesh, undivided_bytes
+
+    cfg = get_preset("qwen2.5-7b").replace(num_layers=1, dtype="float32")
+    six = make_mesh(jax.devices()[:6], fsdp=-1)
+    lost = undivided_bytes(cfg, six, TRAIN_RULES, abstract_params(cfg))
+    # The embedding [V, D] is sharded on D; unsharded, each device keeps 5/6 of it extra.
+    embed = cfg.vocab_size * cfg.hidden_size * 4
+    assert lost["['embedder']['embedding']"] == embed - embed // 6
+    assert undivided_bytes(cfg, make_mesh(jax.devices()[:8], fsdp=-1), TRAIN_RULES) == {}
+    with caplog.at_level("WARNING", logger="tidejax.rl.trainer"):
+        make_trainer(cfg, RLConfig(), six)
+    assert "6-device trainer mesh cannot shard" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tidejax.rl.trainer"):
+        make_trainer(cfg, RLConfig(), make_mesh(jax.devices()[:8], fsdp=-1))
+    assert "cannot shard" not in caplog.text

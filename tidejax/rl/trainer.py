@@ -30,6 +30,7 @@ rollout engines and a frozen reference use, on this mesh, without a host round t
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any
 
@@ -41,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tidejax.models import ModelConfig, init_params
 from tidejax.models.model import abstract_params, cast_floating, param_count
-from tidejax.models.sharding import TRAIN_RULES, LogicalRules, param_shardings
+from tidejax.models.sharding import TRAIN_RULES, LogicalRules, param_shardings, undivided_bytes
 from tidejax.rl import deferred, steps
 from tidejax.rl.batch import Batch
 from tidejax.rl.config import RLConfig
@@ -56,6 +57,12 @@ Params = dict[str, Any]
 # 80 GB card holds beside the state. Recomputing costs about one extra forward (~33% of a
 # step's FLOPs); below ~1B parameters activations fit and the extra forward is pure cost.
 REMAT_ABOVE_PARAMS = 1_000_000_000
+# Replication a mesh size forces (dimensions that do not divide it) is reported above this
+# many bytes per device: at Qwen2.5-7B on 6 devices it is ~95 GiB of state, at tiny sizes
+# a few KiB that nobody needs to hear about.
+WARN_UNDIVIDED_BYTES = 1 << 30
+
+log = logging.getLogger(__name__)
 
 
 def resolve_remat(model_config: ModelConfig, rl_config: RLConfig) -> bool:
@@ -79,6 +86,7 @@ class Trainer:
         repl = NamedSharding(mesh, PartitionSpec())
         master_params = abstract_params(master)
         self.param_shardings = param_shardings(model_config, mesh, rules, master_params)
+        self._warn_undivided(master_params)
         tx = make_optimizer(rl_config.optim)
         opt_shardings = optax.tree_map_params(
             tx, lambda _, s: s, jax.eval_shape(tx.init, master_params), self.param_shardings,
@@ -154,6 +162,17 @@ class Trainer:
         self._sft_step = compile_(
             functools.partial(steps.sft_step, cfg, optim_config=rl.optim, **kw),
             in_shardings=(ss, bs, repl), out_shardings=(ss, repl), donate_argnums=(0,))
+
+    def _warn_undivided(self, master_params: Params) -> None:
+        lost = undivided_bytes(self.model_config, self.mesh, self.rules, master_params)
+        # Master weights, two Adam moments and the float32 gradient accumulator.
+        extra = 4 * sum(lost.values())
+        if extra > WARN_UNDIVIDED_BYTES:
+            worst = max(lost, key=lost.get)
+            log.warning("a %d-device trainer mesh cannot shard %d parameters evenly (e.g. "
+                        "%s): each device holds %.1f GiB of state beyond an even share; a "
+                        "mesh size that divides the model's dimensions avoids it",
+                        self.mesh.size, len(lost), worst, extra / 2**30)
 
     # -- placement -------------------------------------------------------------------
     def put(self, x):
