@@ -70,22 +70,29 @@ def table_e2e(args, cfg) -> None:
         t0 = time.time()
         block = tables.e2e(spec, cfg, args.sweep_steps, args.jobs)
         blocks.append(block)
-        b = block["ideal"]
+        ib, tb = block["ideal"], block["bound"]
         print(
-            f"\n== e2e: {spec.name}, {cfg.steps} steps, {cfg.n_gpus} GPUs "
-            f"(ideal bound {b.goodput:,.0f} tok/s; {time.time() - t0:.0f}s to simulate)"
+            f"\n== e2e: {spec.name}, {cfg.steps} steps, {cfg.n_gpus} GPUs, staleness bound "
+            f"{cfg.staleness_bound} ({time.time() - t0:.0f}s to simulate)\n"
+            f"   goodput = generated tokens consumed by the trainer per second; ideal bound "
+            f"{ib.goodput:,.0f}, tighter bound {tb.goodput:,.0f} (binds: {tb.binding}; "
+            + ", ".join(f"{k} {v:,.0f}s" for k, v in tb.walls.items())
+            + ")"
         )
         rows = [
             [
                 r["system"],
                 f"{r['goodput']:,.0f}",
+                f"{r['trained_tok_s']:,.0f}",
                 f"{r['x_sync']:.2f}",
-                f"{r['x_best_async']:.2f}",
+                f"{r['x_best_fixed']:.2f}",
                 f"{r['of_ideal']:.2f}",
+                f"{r['of_bound']:.2f}",
                 f"{r['rwt_gpu_h']:.2f}",
                 f"{r['twt_gpu_h']:.2f}",
                 f"{r['kv_hit']:.3f}",
                 f"{r['staleness']:.2f}/{r['max_staleness']}",
+                str(r["dropped_groups"]),
                 f"{r['step_s']:.1f}",
                 f"{r['sim_s']:.0f}",
             ]
@@ -95,22 +102,31 @@ def table_e2e(args, cfg) -> None:
             [
                 "system",
                 "goodput tok/s",
+                "trained tok/s",
                 "x sync",
-                "x best async",
+                "x best fixed",
                 "of ideal",
+                "of bound",
                 "RWT GPU-h",
                 "TWT GPU-h",
                 "KV hit",
                 "staleness",
+                "dropped",
                 "step s",
                 "sim s",
             ],
             rows,
-            [15, 13, 6, 12, 8, 9, 9, 6, 9, 6, 5],
+            [15, 13, 13, 6, 12, 8, 8, 9, 9, 6, 9, 7, 6, 5],
         )
         _print_bidirl(block["results"])
         sweep = {k: [(r.system, round(r.goodput)) for r in v] for k, v in block["swept"].items()}
-        print(f"   fixed-ratio sweep ({args.sweep_steps} steps): {sweep}")
+        c = block["sweep_cost"]
+        print(
+            f"   fixed-ratio sweep ({args.sweep_steps} steps each): {sweep}\n"
+            f"   sweep cost: {c['runs']} runs, {c['gpu_h']:.1f} GPU-h of cluster time, then "
+            f"{c['full_reruns']} full reruns; best fixed "
+            f"{tables.best_fixed(block['results']).system}"
+        )
         _print_breakdown(block["results"])
         folder = args.out / "e2e" / spec.name
         tables.save_timelines(block["results"], folder)
@@ -120,18 +136,30 @@ def table_e2e(args, cfg) -> None:
             {
                 "workload": spec,
                 "config": cfg,
-                "ideal": b,
+                "ideal": ib,
+                "bound": tb,
+                "sweep_cost": c,
                 "rows": tables.e2e_rows(block),
                 "runs": [r.summary() for r in block["results"]],
                 "sweep": {k: [r.summary() for r in v] for k, v in block["swept"].items()},
             },
         )
     print(f"\nJSON and PNG timelines under {args.out / 'e2e'}")
+    for b in blocks:
+        t = next(r for r in tables.e2e_rows(b) if r["system"] == "tidejax")
+        print(
+            f"{b['spec'].name}: tidejax x best fixed {t['x_best_fixed']:.2f}, "
+            f"of bound {t['of_bound']:.2f}"
+        )
     main = next((b for b in blocks if b["spec"].name == "text-qwen2.5-7b"), blocks[0])
-    tide = next(r for r in tables.e2e_rows(main) if r["system"] == "tidejax")
+    rows = tables.e2e_rows(main)
+    tide = next(r for r in rows if r["system"] == "tidejax")
+    areal = next(r for r in rows if r["system"].startswith("areal@"))
     print(
-        f"tide_over_sync={tide['x_sync']:.2f} tide_over_best_async={tide['x_best_async']:.2f} "
-        f"tide_over_ideal={tide['of_ideal']:.2f}"
+        f"tide_over_sync={tide['x_sync']:.2f} "
+        f"tide_over_best_async={tide['goodput'] / areal['goodput']:.2f} "
+        f"tide_over_ideal={tide['of_ideal']:.2f} "
+        f"tide_over_best_fixed={tide['x_best_fixed']:.2f} tide_over_bound={tide['of_bound']:.2f}"
     )
 
 
@@ -356,6 +384,7 @@ def main(argv=None) -> None:
     p.add_argument("--table", choices=sorted(TABLES), default="e2e")
     p.add_argument("--workload", type=Path, help="workload description (TOML or JSON)")
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--gpus", type=int, default=SimConfig().n_gpus, help="simulated GPUs")
     p.add_argument(
         "--sweep-steps",
         type=int,
@@ -382,7 +411,9 @@ def main(argv=None) -> None:
         print(json.dumps(_jsonable(workload.preset(args.dump_workload)), indent=1))
         return
     switch = SwitchConstants(ers_hidden_under_sync=args.switch_cost == "hidden")
-    cfg = SimConfig(steps=args.steps, staleness_bound=args.staleness, switch=switch)
+    cfg = SimConfig(
+        steps=args.steps, n_gpus=args.gpus, staleness_bound=args.staleness, switch=switch
+    )
     TABLES[args.table](args, cfg)
 
 

@@ -53,6 +53,29 @@ def test_probe_then_siblings_with_affinity():
     assert len(probes) == 1 and probes[0].probe and probes[0].count == 1
 
 
+def test_siblings_go_with_the_probe_unless_memory_binds():
+    # room for 8 x 1000 tokens on rank 0: the probe and its 7 siblings go at once
+    roomy = CtbSnapshot(
+        ranks=(rank(0, 8000),), pending=(PendingGroup(3, 8, None),), probe_default_tokens=1000
+    )
+    d = ctb.decide(roomy)
+    assert sum(a.count for a in d.admit) == 8
+    assert [a.probe for a in d.admit] == [True, False] and d.admit[0].count == 1
+    # room for 7: KV memory binds at the default footprint, so only the probe goes ...
+    tight = CtbSnapshot(
+        ranks=(rank(0, 7000),), pending=(PendingGroup(3, 8, None),), probe_default_tokens=1000
+    )
+    d = ctb.decide(tight)
+    assert [(a.count, a.probe) for a in d.admit] == [(1, True)]
+    # ... and while its first turn runs, the siblings wait for the measured footprint
+    waiting = CtbSnapshot(
+        ranks=(rank(0, 7000, used=1000, groups=(3,)),),
+        pending=(PendingGroup(3, 7, None, started=True),),
+        probe_default_tokens=1000,
+    )
+    assert ctb.decide(waiting).admit == ()
+
+
 def test_paused_resume_home_before_admission():
     paused = (TaskState(5, 3, None, 600, home=1),)
     snap = CtbSnapshot(
@@ -206,9 +229,13 @@ def test_no_task_lost_or_duplicated(snap):
         counts[a.group_id] += a.count
         assert a.count >= 1
     for g in snap.pending:
-        assert counts[g.group_id] <= (1 if not g.started else g.remaining)
-        if g.started and g.probe_tokens is None:
-            assert counts[g.group_id] == 0  # siblings wait for the probe
+        assert counts[g.group_id] <= g.remaining
+        mine = [a for a in d.admit if a.group_id == g.group_id]
+        if mine and not g.started:  # a new group's first task is its probe, alone
+            assert mine[0].probe and mine[0].count == 1
+            assert not any(a.probe for a in mine[1:])
+        if g.probe_tokens is None:  # footprint unknown: charged the default
+            assert all(a.tokens_each == snap.probe_default_tokens for a in mine)
 
 
 @settings(max_examples=100, deadline=None)

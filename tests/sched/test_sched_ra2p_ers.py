@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidejax.sched import ers, ra2p
+from tidejax.sched import ers, perf, ra2p
 from tidejax.sched.ers import ErsConfig, Partition, Signals
 from tidejax.sched.ra2p import Mode, Ra2pCosts
 
@@ -90,12 +90,55 @@ def test_eval_phase_moves_a_ref_rank_to_rollout_first():
     assert p.partition == Partition(11, 18, 3) and p.mode is Mode.COLOCATED
 
 
-def test_backlog_reclaims_a_rollout_rank_once_it_persists():
-    first = ers.plan(sig(ready_groups=64, hol_s=50.0), Partition(16, 16, 0), CFG)
+def test_idle_rollout_gives_the_trainer_a_rank_once_it_persists():
+    # 40 s steps, trainer busy all of it, rollout idle half: with 16 -> 15 rollout ranks the
+    # model (no curve: rollout time ~ 1 / ranks) predicts max(40 * 16/17, 20 * 16/15) = 37.6 s
+    busy_trainer = sig(rollout_idle_frac=0.5)
+    first = ers.plan(busy_trainer, Partition(16, 16, 0), CFG)
     assert first.partition == Partition(16, 16, 0) and first.pressure == 1  # one step: wait
-    p = ers.plan(sig(ready_groups=64, hol_s=50.0, last_pressure=1), Partition(16, 16, 0), CFG)
-    assert p.partition.rollout == 15 and p.partition.trainer == 17
-    assert p.reason.startswith("consumption deficit")
+    p = ers.plan(sig(rollout_idle_frac=0.5, last_pressure=1), Partition(16, 16, 0), CFG)
+    assert p.partition == Partition(15, 17, 0) and p.reason == "consumption deficit"
+    assert ers.predicted_step_s(busy_trainer, Partition(16, 16, 0), p.partition) == (
+        pytest.approx(40 * 16 / 17)
+    )
+
+
+def test_a_full_batch_ready_does_not_take_rollout_that_is_busy():
+    # a one-step pipeline: a full batch is always ready and head-of-line latency is high,
+    # but rollout was busy all step; taking a rank is predicted to lengthen the step
+    s = sig(ready_groups=64, hol_s=100.0, last_pressure=1, twt_frac=0.05)
+    assert ers.plan(s, Partition(16, 16, 0), CFG).partition == Partition(16, 16, 0)
+
+
+def test_no_move_when_the_saving_does_not_pay_the_move():
+    # saving 40 - 37.6 = 2.4 s a step; over cooldown 2 steps it must exceed move_cost_s
+    s = sig(rollout_idle_frac=0.5, last_pressure=1, move_cost_s=6.0)
+    assert ers.plan(s, Partition(16, 16, 0), CFG).partition == Partition(16, 16, 0)
+    s = sig(rollout_idle_frac=0.5, last_pressure=1, move_cost_s=4.0)
+    assert ers.plan(s, Partition(16, 16, 0), CFG).partition == Partition(15, 17, 0)
+
+
+def test_rollout_scale_by_the_decode_curve():
+    # memory-bound decode: t_iter(b) = a + b_kv * b * ctx + ovh; 8 -> 4 ranks doubles the
+    # batch from 32 to 64; busy time scales by t_iter(64) / t_iter(32)
+    c = perf.DecodeCurve(a=5e-3, b=2e-8, c=1e-6, ovh=5e-4, derate=0.7, short_ctx=2048)
+    s = sig(decode_batch=32, decode_ctx=2000, max_batch=256, decode_curve=c)
+    t32 = 5e-3 + 2e-8 * 32 * 2000 + 5e-4
+    t64 = 5e-3 + 2e-8 * 64 * 2000 + 5e-4
+    assert ers.rollout_scale(s, 8, 4) == pytest.approx(t64 / t32)
+    # capped at max_batch: 8 -> 1 ranks would need batch 256 > 100
+    capped = sig(decode_batch=32, decode_ctx=2000, max_batch=100, decode_curve=c)
+    t100 = 5e-3 + 2e-8 * 100 * 2000 + 5e-4
+    assert ers.rollout_scale(capped, 8, 1) == pytest.approx(t100 * 32 * 8 / (t32 * 100))
+
+
+def test_evaluation_rank_is_lent_once_and_returned():
+    lend = ers.plan(sig(eval_phase=True), Partition(10, 22, 0), CFG)
+    assert lend.partition == Partition(11, 21, 0)
+    again = ers.plan(sig(eval_phase=True, eval_ranks_out=1), lend.partition, CFG)
+    assert again.partition.rollout <= 11  # not a second rank for the same phase
+    back = ers.plan(sig(eval_ranks_out=1), lend.partition, CFG)
+    assert back.partition == Partition(10, 22, 0) and back.reason.startswith("evaluation over")
 
 
 def test_starved_trainer_gets_rollout_and_retention_after_scale_down():
@@ -133,6 +176,11 @@ def plans(draw):
         rollout_scaled_down=draw(st.booleans()),
         last_pressure=draw(st.sampled_from([-1, 0, 1])),
         since_move=draw(st.integers(0, 5)),
+        rollout_idle_frac=draw(st.floats(0, 1)),
+        last_step_s=draw(st.floats(0, 100)),
+        move_cost_s=draw(st.floats(0, 10)),
+        eval_ranks_out=draw(st.integers(0, 1)),
+        dropped_groups=draw(st.integers(0, 3)),
     )
     return s, part
 
@@ -148,6 +196,8 @@ def test_plan_moves_at_most_one_rank_and_stays_valid(case):
     assert CFG.b_min <= p.batch_groups <= CFG.b_ideal
     assert p.mode is Mode.COLOCATED or p.partition.ref > 0  # decoupled needs a Ref rank
     assert p == ers.plan(s, part, CFG)  # same input, same decision
+    if s.twt_frac > CFG.theta and not s.cold_start:  # the trainer waited: rollout keeps ranks
+        assert p.partition.rollout >= part.rollout
 
 
 def test_validation_names_the_field():

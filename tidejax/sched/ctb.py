@@ -10,11 +10,12 @@ Each rollout rank is a token budget. :func:`decide` takes a :class:`CtbSnapshot`
 2. **Resume** paused (and re-homed) tasks, highest priority first, before any admission:
    to their last rank if it has room, else to a rank holding their group (shared prefix),
    else to the rank with most headroom.
-3. **Admit** new tasks, only if nothing paused is still waiting: per group, one probe task
-   first (footprint unknown, charged ``probe_default_tokens``), its siblings once the probe's
-   first-turn footprint is known, placed where their group already is (prefix sharing) or
-   where headroom is largest, with a penalty for piling one task type on one rank
-   (diversity). Admission stops at the env-concurrency cap, and training groups stop at the
+3. **Admit** new tasks, only if nothing paused is still waiting: a group's first task is
+   its probe, whose first turn measures the group's footprint. Its siblings go with it,
+   charged ``probe_default_tokens`` each, unless KV memory binds (the open ranks cannot
+   hold them all at that default): then only the probe goes and the siblings wait for its
+   measured footprint. Tasks go where their group already is (prefix sharing) or where
+   headroom is largest, with a penalty for piling one task type on one rank (diversity). Admission stops at the env-concurrency cap, and training groups stop at the
    staleness quota (:mod:`tidejax.sched.staleness`).
 
 Budgets hold after the decisions: for every open rank, held + requested growth - paused +
@@ -244,6 +245,11 @@ def _resumes(snap, ranks, load, to_place):
     return placed, unplaced
 
 
+def _room(snap, load: dict[int, int], each: int) -> int:
+    """Tasks of ``each`` tokens the open ranks can still take, packed rank by rank."""
+    return sum(max(0, r.budget_tokens - load[r.rank]) // each for r in snap.ranks if r.open)
+
+
 def _admits(snap, ranks, load):
     env_free = snap.env_capacity - snap.env_in_use
     quota_left = snap.quota_groups - snap.outstanding_groups
@@ -255,11 +261,14 @@ def _admits(snap, ranks, load):
             break
         if not g.started and not g.is_eval and quota_left <= 0:
             continue  # training groups wait for the quota; eval groups may still go
-        if g.started and g.probe_tokens is None:
-            continue  # probe in flight: siblings wait for its footprint
-        probe = not g.started
-        count = 1 if probe else min(g.remaining, env_free)
         each = snap.probe_default_tokens if g.probe_tokens is None else g.probe_tokens
+        count = min(g.remaining, env_free)
+        if g.probe_tokens is None and _room(snap, load, each) < count:
+            # KV memory binds at the default footprint: only the probe goes, and its
+            # siblings wait for the footprint it measures
+            if g.started:
+                continue
+            count = 1
         if types is None:
             types = {r.rank: dict(r.type_counts) for r in snap.ranks}
             for r in snap.ranks:
@@ -270,6 +279,7 @@ def _admits(snap, ranks, load):
             target = _place(snap, ranks, load, types, group_ranks.get(g.group_id, set()), g, each)
             if target is None:
                 break
+            probe = not g.started and placed == 0  # the first task measures the footprint
             n = 1
             if not probe:  # fill the chosen rank with as many siblings as fit
                 room = (ranks[target].budget_tokens - load[target]) // each

@@ -2,34 +2,40 @@
 
 :func:`plan` reads readiness :class:`Signals` and the current :class:`Partition` and returns
 a :class:`Plan`: the next partition (at most one rank moved), the RA2P mode, the elastic
-batch size in ``[B_min, B_ideal]`` and whether the trainer retains a reservoir. Rules, first
-match wins:
+batch size in ``[B_min, B_ideal]`` and whether the trainer retains a reservoir.
 
-1. **Preemptive generation** (cold start, or an evaluation phase): generation dominates, so
-   move one trainer rank (a Ref rank first) to rollout and run colocated.
-2. **Consumption deficit**: ready data outruns the trainer - the oldest ready micro-batch
-   has waited more than ``tau * T_step`` (head-of-line latency), a full batch is already
-   ready at the boundary, micro-batches arrived faster (TPRM) than the trainer serves one
-   while it barely waited (TWT <= ``theta / 2``), rollout idled behind the staleness bound
-   (RWT > ``theta``) with at least ``B_min`` groups waiting and the trainer barely waiting
-   (throttled by data the trainer has not consumed, not by slow groups), or RAS is past
-   the break-even point at which a
-   decoupled pipeline on the trainer plus one reclaimed rank costs fewer GPU-seconds than
-   colocated on the current trainer.
-   Reclaim one rollout rank - as a Ref rank while the decoupled pipeline would be
-   Ref-bound, else as an Actor rank.
-3. **Generation deficit**: the trainer waited for data (TWT above ``theta`` of the step).
-   Run colocated. If rollout was just scaled down, keep the partition and fetch less
-   (adaptive retention: the batch moves halfway toward ``B_min``); else, if rollout itself
-   did not wait, release one rank to rollout (a Ref rank first). When both sides waited,
-   the staleness window (not GPUs) limits supply and moving a rank would not help.
-4. Otherwise keep the partition; RA2P picks the mode from RAS and TPRM.
+How it decides. The measured shares of the last steps give each side's busy time: the
+trainer was busy ``S * (1 - TWT)``, rollout ``S * (1 - idle)`` of a step of ``S`` seconds.
+The perf model predicts the step time of the current partition and of its two neighbours,
+``max(T_busy * t / t', R_busy * rollout_scale(r, r'))`` (:func:`predicted_step_s`). A
+neighbour is taken when
 
-Deliberately conservative (as TideRL describes its plans): a deficit moves a rank only when
-the previous boundary showed the same deficit (``Signals.last_pressure``, fed back from
-``Plan.pressure``) and ``cooldown`` boundaries have passed since the last move (the buffer
-reflects a move only a step or two later), so noise and lag do not swing GPUs back and forth.
-Preemptive generation is exempt.
+* its side is the bottleneck by the signals: rollout gains a rank only while the trainer
+  waited for data (TWT > ``theta``) and rollout was busy (idle <= ``theta``: more ranks
+  make it faster, unlike a latency- or quota-bound rollout); the trainer gains a rank only
+  while it did not wait (TWT <= ``theta``) and no group of the last step arrived too stale
+  (a drop means supply is already late) - so a rank is never taken from rollout while the
+  trainer waits. Rollout's time for another rank count comes from the decode curve
+  (:func:`rollout_scale`: the same sequences in flight make bigger or smaller batches);
+* the predicted saving per step, over the ``cooldown`` steps a move must last, pays the
+  move's cost (switch + reshard, ``Signals.move_cost_s``, from the perf model);
+* the same move was wanted at the previous boundary and ``cooldown`` boundaries have
+  passed since the last one (hysteresis: the buffer reflects a move a step or two later).
+
+A rank joining the trainer serves Ref when the perf model says a decoupled pipeline on the
+grown trainer pays (RAS past the break-even point, :func:`ra2p.break_even_ras`) and the
+pipeline would be Ref-bound; else Actor. The RA2P mode is then chosen by cost for the new
+partition (decoupled needs a Ref rank).
+
+Relation to the paper's rules: *preemptive generation* (cold start, evaluation) moves a
+trainer rank to rollout at once; here the evaluation's rank is lent once per phase and
+returned when the phase is over (``Signals.eval_ranks_out``) and the trainer is not
+waiting. The paper's *consumption
+deficit* triggers (head-of-line latency, a full batch ready, TPRM below the service time,
+RAS past break-even) and *generation deficit* (TWT) become evidence for which side is the
+bottleneck; the move itself must also be predicted to pay, which keeps a one-step pipeline
+(where a full batch is always ready) from walking rollout down. *Adaptive retention*
+stays: starved right after a scale-down, the trainer fetches less instead of moving back.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tidejax.sched import ra2p
+from tidejax.sched.perf import DecodeCurve
 from tidejax.sched.ra2p import Mode, Ra2pCosts
 
 
@@ -112,6 +119,18 @@ class Signals:
     rollout_scaled_down: bool = False  # the last plan moved a rank from rollout to trainer
     last_pressure: int = 0  # Plan.pressure of the previous boundary (-1, 0, +1)
     since_move: int = 1 << 30  # boundaries since the partition last changed
+    rollout_idle_frac: float = 0.0  # share of the last step rollout GPUs computed nothing
+    last_step_s: float = 0.0  # the last step's duration, s (0: use t_step_s)
+    move_cost_s: float = 0.0  # seconds a one-rank move costs (switch + reshard; perf model)
+    eval_ranks_out: int = 0  # trainer ranks lent to rollout for an evaluation, not returned
+    # rollout's decode as the perf model sees it: mean running sequences per rank while
+    # decoding, their mean context, the largest batch a rank holds (KV pool, max_num_seqs)
+    # and the decode curve; without a curve rollout time is taken to scale with 1 / ranks
+    decode_batch: float = 0.0
+    decode_ctx: float = 0.0
+    max_batch: float = 0.0
+    decode_curve: DecodeCurve | None = None
+    dropped_groups: int = 0  # groups the last step dropped as stale (supply came too late)
 
     def __post_init__(self) -> None:
         if min(self.ras_mb, self.ready_groups, self.mb_per_step, self.prev_batch) < 0:
@@ -120,6 +139,12 @@ class Signals:
             raise ValueError("Signals times must be >= 0")
         if not (0 <= self.twt_frac <= 1 and 0 <= self.rwt_frac <= 1):
             raise ValueError("Signals.twt_frac and rwt_frac must be in [0, 1]")
+        if not 0 <= self.rollout_idle_frac <= 1:
+            raise ValueError("Signals.rollout_idle_frac must be in [0, 1]")
+        if min(self.last_step_s, self.move_cost_s, self.eval_ranks_out) < 0:
+            raise ValueError("Signals.last_step_s, move_cost_s, eval_ranks_out must be >= 0")
+        if min(self.decode_batch, self.decode_ctx, self.max_batch, self.dropped_groups) < 0:
+            raise ValueError("Signals decode_batch, decode_ctx, max_batch, dropped_groups >= 0")
         if self.last_pressure not in (-1, 0, 1):
             raise ValueError("Signals.last_pressure must be -1, 0 or 1")
         if self.since_move < 0:
@@ -170,59 +195,88 @@ def balanced(costs: Ra2pCosts, extra: int = 0) -> Ra2pCosts:
     return replace(costs, n_actor=gpus - n_ref, n_ref=n_ref)
 
 
-def service_time(costs: Ra2pCosts) -> float:
-    """Seconds the trainer needs per micro-batch when busy (the faster of the two modes)."""
-    colocated = (costs.w_ref + costs.w_act) / costs.n_actor
-    if costs.n_ref == 0:
-        return colocated
-    return min(colocated, max(costs.w_ref / costs.n_ref, costs.w_act / costs.n_actor))
-
-
 def _mode_for(p: Partition, want: Mode) -> Mode:
     return want if (want is Mode.COLOCATED or p.ref > 0) else Mode.COLOCATED
+
+
+def rollout_scale(s: Signals, ranks: int, new_ranks: int) -> float:
+    """Factor on rollout's busy time when ``ranks`` become ``new_ranks`` with the same
+    sequences in flight. Decode: each rank's batch becomes ``b * ranks / new_ranks`` (capped
+    at ``max_batch``); a rank's iterations then take ``t_iter(b')`` for ``b'`` tokens, so
+    the busy time scales by ``t_iter(b') * b * ranks / (t_iter(b) * b' * new_ranks)``."""
+    if new_ranks <= 0:
+        return float("inf")
+    c, b = s.decode_curve, s.decode_batch
+    if c is None or b < 1:
+        return ranks / new_ranks
+    b_new = b * ranks / new_ranks
+    if s.max_batch >= 1:
+        b_new = min(b_new, s.max_batch)
+
+    def t_iter(batch: float) -> float:
+        return max(c.a + c.b * batch * s.decode_ctx, c.c * batch) + c.ovh
+
+    return t_iter(b_new) * b * ranks / (t_iter(b) * b_new * new_ranks)
+
+
+def predicted_step_s(s: Signals, p: Partition, nxt: Partition) -> float:
+    """The perf model's step time for ``nxt`` from the last step measured on ``p``: trainer
+    work scales with 1 / its ranks, rollout's by :func:`rollout_scale`."""
+    step = s.last_step_s or s.t_step_s
+    trainer_busy = step * (1 - s.twt_frac) * p.trainer / nxt.trainer
+    rollout_busy = step * (1 - s.rollout_idle_frac) * rollout_scale(s, p.rollout, nxt.rollout)
+    return max(trainer_busy, rollout_busy)
 
 
 def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     """The next partition (at most one rank moved), RA2P mode and batch; see module doc."""
     s, p = signals, partition
-    if s.cold_start or s.eval_phase:
+    if s.cold_start:
         nxt = _to_rollout(p, cfg)
-        why = "cold start" if s.cold_start else "evaluation phase"
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, f"preemptive generation: {why}")
-
+        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "preemptive generation: cold start")
+    if s.eval_phase and s.eval_ranks_out == 0:
+        nxt = _to_rollout(p, cfg)
+        why = "preemptive generation: evaluation phase"
+        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why)
     costs = replace(s.costs, n_actor=p.actor, n_ref=p.ref)
     n_mb = max(1, s.mb_per_step)
-    even = ra2p.break_even_ras(balanced(costs, extra=1), costs, s.tprm_s, n_mb)
-    starved = s.twt_frac > cfg.theta  # the trainer waited for data
-    throttled = s.rwt_frac > cfg.theta  # rollout idled behind the staleness bound
-    calm = s.twt_frac <= cfg.theta / 2  # the trainer hardly waited for data
-    backlog = s.ready_groups >= cfg.b_min  # data is actually waiting in the buffer
-    reasons = {
-        "head-of-line latency": s.hol_s > cfg.tau * s.t_step_s > 0,
-        "RAS past break-even": even is not None and s.ras_mb >= max(1, even),
-        "a full batch ready": s.ready_groups >= cfg.b_ideal,
-        "TPRM below service time": calm and s.tprm_s < service_time(costs),
-        "RWT with a backlog": throttled and calm and backlog,
-    }
-    why = next((k for k, v in reasons.items() if v), None)
-    if why is not None:
-        # conservative: a rank moves only when the deficit persists over two boundaries
-        nxt = _to_trainer(p, cfg, costs, decoupled=reasons["RAS past break-even"])
-        if s.last_pressure != 1 or s.since_move < cfg.cooldown:
-            nxt = p
-        grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
-        mode = ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb)
-        return Plan(nxt, _mode_for(nxt, mode), cfg.b_ideal, False, f"consumption deficit: {why}", 1)
+    waited = s.twt_frac > cfg.theta  # the trainer waited for data: rollout keeps its ranks
+    if not s.eval_phase and s.eval_ranks_out and not waited and p.rollout > cfg.min_rollout:
+        nxt = replace(p, rollout=p.rollout - 1, actor=p.actor + 1)
+        grown = replace(costs, n_actor=nxt.actor)
+        mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
+        return Plan(nxt, mode, cfg.b_ideal, False, "evaluation over: its rank returns")
 
-    if starved and s.rollout_scaled_down:
+    step = s.last_step_s or s.t_step_s
+    even = ra2p.break_even_ras(balanced(costs, extra=1), costs, s.tprm_s, n_mb)
+    decoupled_pays = even is not None and s.ras_mb >= max(1, even)
+    now = predicted_step_s(s, p, p) if step > 0 else 0.0
+    worth = s.move_cost_s / cfg.cooldown  # a move must save this much per step
+
+    late = s.dropped_groups > 0  # groups arrived too stale: rollout is already too slow
+    if not waited and not late and p.rollout > cfg.min_rollout and step > 0:
+        nxt = _to_trainer(p, cfg, costs, decoupled=decoupled_pays)
+        gain = now - predicted_step_s(s, p, nxt)
+        if gain > worth:
+            if s.last_pressure != 1 or s.since_move < cfg.cooldown:
+                nxt = p  # hysteresis: the deficit must persist
+            grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
+            mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
+            return Plan(nxt, mode, cfg.b_ideal, False, "consumption deficit", 1)
+
+    if waited and s.rollout_scaled_down:
         batch = max(cfg.b_min, (s.prev_batch + cfg.b_min) // 2)
         return Plan(
             p, Mode.COLOCATED, batch, True, "generation deficit: retain after scale-down", -1
         )
-    if starved and s.rwt_frac <= cfg.theta / 2:
-        steady = s.last_pressure == -1 and s.since_move >= cfg.cooldown
-        nxt = _to_rollout(p, cfg) if steady else p
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1)
+    rollout_busy = s.rollout_idle_frac <= cfg.theta  # more ranks make a busy rollout faster
+    if waited and rollout_busy and step > 0:
+        nxt = _to_rollout(p, cfg)
+        gain = now - predicted_step_s(s, p, nxt) if nxt != p else 0.0
+        if gain > worth:
+            if s.last_pressure != -1 or s.since_move < cfg.cooldown:
+                nxt = p
+            return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1)
 
     mode = ra2p.choose_mode(s.ras_mb, s.tprm_s, costs, n_mb)
     return Plan(p, _mode_for(p, mode), cfg.b_ideal, False, "balanced")

@@ -226,14 +226,6 @@ class CtbDriver(_Driver):
             except PoolFull:
                 self._pause(task, t)
 
-    def abort(self, task: SimTask, t: float) -> None:
-        self.paused.pop(task.task_id, None)
-        r = task.rank
-        if r is not None:
-            self._stop(task, r, t, evict=True)
-            self._unhold(task, r)
-            task.rank = None
-
     def close_rank(self, r: Rank, t: float) -> None:
         """Re-home the tasks of a closing rank (CTB decides where)."""
         ranks = list(self.cl.ranks.values())
@@ -306,13 +298,6 @@ class RequestDriver(_Driver):
 
     def on_flush(self, r: Rank) -> None:
         pass
-
-    def abort(self, task: SimTask, t: float) -> None:
-        r = task.rank
-        if r is not None:
-            self._stop(task, r, t, evict=True)
-            r.assigned -= 1
-            task.rank = None
 
     def close_rank(self, r: Rank, t: float) -> None:
         """Route the closing rank's tasks to the least-loaded open rank (cache lost)."""

@@ -41,7 +41,9 @@ class SimConfig:
     # calibration stale.onestep: one-step off-policy (StreamRL, PEARL, RollArt, NeMo RL);
     # enforced at admission as AReaL's quota, (bound + 1) * batch groups outstanding
     staleness_bound: int = 1
-    drop_stale: bool = False  # True: discard groups that can no longer meet the bound
+    # True: a group more than staleness_bound versions behind the trainer when the trainer
+    # takes it is dropped and counted, as the runtime's GlobalBuffer does; False keeps it
+    drop_stale: bool = True
     tick_s: float = 0.2  # admission scheduling period, virtual seconds [A]
     bin_s: float = 10.0  # timeline resolution
     page_size: int = 256  # KV page, tokens [A] (engine-configurable; coarse keeps the sim fast)

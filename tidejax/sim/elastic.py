@@ -56,8 +56,15 @@ class Elastic:
         self._lend_token = 0
         self._pressure = 0  # ERS plan pressure at the previous boundary
         self._since_move = 1 << 30  # boundaries since ERS last moved a rank
-        self._busy_mark = 0.0  # trainer busy GPU-seconds at the last step start
+        # (time, trainer busy GPU-seconds) at recent boundaries: ERS reads its wait shares
+        # over the last `cooldown` steps, the span a move must pay over (a one-step pipeline
+        # alternates full and empty steps, so one step alone reads as noise)
+        self._busy_marks: list[tuple[float, float]] = [(0.0, 0.0)]
         self._last_rwt = 0.0
+        self._last_idle = 0.0  # rollout idle share (any reason) of the last step
+        self.eval_out = 0  # trainer ranks ERS lent to rollout for the current evaluation
+        self._dropped_mark = 0  # cl.dropped_groups at the last plan
+        self._decode_mark: dict[int, tuple[int, int, float]] = {}  # rank -> counters at plan
 
     # ------------------------------------------------------------------ start
     def begin(self, t: float) -> None:
@@ -117,6 +124,11 @@ class Elastic:
             return mode.value, cl.spec.batch_groups, delay
         signals = self._signals(t)
         plan = ers.plan(signals, self.part, self.ers_cfg)
+        if self.trainer_lent_until is None and ers.moved(self.part, plan.partition):
+            if plan.reason.startswith("preemptive generation: evaluation"):
+                self.eval_out += 1
+            elif plan.reason.startswith("evaluation over"):
+                self.eval_out -= 1
         self._pressure = plan.pressure
         self._since_move = 0 if ers.moved(self.part, plan.partition) else self._since_move + 1
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
@@ -140,6 +152,7 @@ class Elastic:
                 "tprm": round(signals.tprm_s, 2),
                 "mb_per_step": signals.mb_per_step,
                 "rwt": round(self._last_rwt, 2),
+                "idle": round(self._last_idle, 2),
                 "twt": round(signals.twt_frac, 2),
             }
         )
@@ -157,8 +170,11 @@ class Elastic:
         )
         marks = cl.step_marks
         recent = [b - a for a, b in zip(marks[-6:], marks[-5:])]
-        rwt, twt = self._waits(t)
-        self._last_rwt = rwt
+        rwt, twt, idle = self._waits(t)
+        dropped_mark, self._dropped_mark = self._dropped_mark, cl.dropped_groups
+        self._last_rwt, self._last_idle = rwt, idle
+        cost = cl.cost
+        move = cost.ers_switch(to_rollout=False) + cost.reshard(len(tr.actor) + 1)
         return Signals(
             twt_frac=twt,
             rwt_frac=rwt,
@@ -174,31 +190,77 @@ class Elastic:
             rollout_scaled_down=self.to_trainer_last,
             last_pressure=self._pressure,
             since_move=self._since_move,
+            rollout_idle_frac=idle,
+            last_step_s=self._window_step_s(),
+            move_cost_s=move,
+            eval_ranks_out=self.eval_out,
+            dropped_groups=cl.dropped_groups - dropped_mark,
+            **self._decode_signals(),
         )
 
-    def _waits(self, t: float) -> tuple[float, float]:
-        """Shares of the last step that rollout idled throttled (RWT) / trainer idled (TWT)."""
+    def _window_step_s(self) -> float:
+        """Mean step time over the span the wait shares are read on."""
+        marks = self.cl.step_marks
+        n = min(self.ers_cfg.cooldown, len(marks) - 1)
+        return (marks[-1] - marks[-1 - n]) / n if n > 0 else 0.0
+
+    def _decode_signals(self) -> dict:
+        """Mean decode batch per rank and mean context over the last step (perf model)."""
+        cl = self.cl
+        iters = tokens = 0
+        ctx = 0.0
+        marks = {}
+        for r in cl.ranks.values():
+            i0, n0, c0 = self._decode_mark.get(r.rid, (0, 0, 0.0))
+            iters += r.dec_iters - i0
+            tokens += r.dec_tokens - n0
+            ctx += r.dec_ctx - c0
+            marks[r.rid] = (r.dec_iters, r.dec_tokens, r.dec_ctx)
+        self._decode_mark = marks
+        if not iters or not tokens:
+            return {}
+        mean_ctx = ctx / tokens
+        cost = cl.cost
+        cap = cost.kv_pages * cost.page_size
+        return {
+            "decode_batch": tokens / iters,
+            "decode_ctx": mean_ctx,
+            "max_batch": min(cost.max_running, cap / max(mean_ctx, 1.0)),
+            "decode_curve": cost.curve,
+        }
+
+    def _waits(self, t: float) -> tuple[float, float, float]:
+        """Shares of the last step that rollout idled throttled (RWT), trainer idled (TWT),
+        rollout idled for any reason."""
         cl, tr = self.cl, self.cl.trainer
-        a = tr.step_start
+        busy = sum(cl.ledger.totals.get(k, 0.0) for k in ("ref", "actor", "swap"))
+        marks = self._busy_marks
+        a, busy_a = marks[max(0, len(marks) - self.ers_cfg.cooldown)]
+        marks.append((t, busy))
+        del marks[: -self.ers_cfg.cooldown - 1]
         dt = t - a
         if dt <= 0:
-            return 0.0, 0.0
-        busy = sum(cl.ledger.totals.get(k, 0.0) for k in ("ref", "actor", "swap"))
+            return 0.0, 0.0, 0.0
         n_tr = len(tr.actor) + len(tr.ref)
-        twt = 1.0 - (busy - self._busy_mark) / (n_tr * dt) if n_tr else 0.0
-        self._busy_mark = busy
+        twt = 1.0 - (busy - busy_a) / (n_tr * dt) if n_tr else 0.0
         windows = [(max(x, a), min(y, t)) for x, y in cl.throttle if y > a]
         if cl.throttled_since is not None:
             windows.append((max(cl.throttled_since, a), t))
-        idle = 0.0
+        idle = throttled = 0.0
         for r in cl.ranks.values():
-            ivs = [(x, y) for x, y in reversed(r.idle[-64:]) if y > a]
+            ivs = [(max(x, a), y) for x, y in reversed(r.idle[-64:]) if y > a]
             if r.idle_since is not None:
                 ivs.append((max(r.idle_since, a), t))
-            idle += overlap(ivs, windows) * len(r.gpus)
+            throttled += overlap(ivs, windows) * len(r.gpus)
+            idle += sum(y - x for x, y in ivs) * len(r.gpus)
         n_roll = sum(len(r.gpus) for r in cl.ranks.values())
-        rwt = idle / (n_roll * dt) if n_roll else 0.0
-        return min(1.0, max(0.0, rwt)), min(1.0, max(0.0, twt))
+        rwt = throttled / (n_roll * dt) if n_roll else 0.0
+        idle = idle / (n_roll * dt) if n_roll else 0.0
+
+        def clip(x: float) -> float:
+            return min(1.0, max(0.0, x))
+
+        return clip(rwt), clip(twt), clip(idle)
 
     def _apply(self, nxt: Partition, t: float) -> float:
         cl, tr, cost, led = self.cl, self.cl.trainer, self.cl.cost, self.cl.ledger

@@ -115,10 +115,10 @@ class RunResult:
     workload: str
     steps: int
     wall_s: float
-    consumed_tokens: int
-    consumed_response_tokens: int
-    dropped_tokens: int
-    goodput: float  # consumed tokens / s
+    consumed_tokens: int  # trained tokens (prompt + observations + generated) consumed
+    consumed_response_tokens: int  # generated tokens consumed: what goodput counts
+    dropped_tokens: int  # generated tokens of groups dropped as stale
+    goodput: float  # generated tokens consumed by the trainer / s (the runtime's GoodputMeter)
     rwt_gpu_s: float
     twt_gpu_s: float
     kv_hit_rate: float
@@ -129,6 +129,12 @@ class RunResult:
     extra: dict = field(default_factory=dict)
     timeline: tuple | None = None  # (roles, utilisation) per GPU per bin, for plots
     bin_s: float = 0.0
+    dropped_groups: int = 0  # training groups dropped by the staleness bound
+
+    @property
+    def trained_tok_s(self) -> float:
+        """Trained tokens (prompt + observations + generated) consumed per second."""
+        return self.consumed_tokens / self.wall_s if self.wall_s else 0.0
 
     def summary(self) -> dict:
         return {
@@ -137,8 +143,11 @@ class RunResult:
             "steps": self.steps,
             "wall_s": round(self.wall_s, 2),
             "goodput_tok_s": round(self.goodput, 1),
+            "trained_tok_s": round(self.trained_tok_s, 1),
             "consumed_tokens": self.consumed_tokens,
+            "consumed_response_tokens": self.consumed_response_tokens,
             "dropped_tokens": self.dropped_tokens,
+            "dropped_groups": self.dropped_groups,
             "rwt_gpu_h": round(self.rwt_gpu_s / 3600, 3),
             "twt_gpu_h": round(self.twt_gpu_s / 3600, 3),
             "kv_hit_rate": round(self.kv_hit_rate, 4),

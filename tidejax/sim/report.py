@@ -41,7 +41,6 @@ def result_of(cl) -> RunResult:
     extra = {
         "useful_share": round(sum(busy.get(k, 0.0) for k in USEFUL) / total, 4) if total else 0,
         "overhead_share": round(sum(busy.get(k, 0.0) for k in OVERHEAD) / total, 4) if total else 0,
-        "response_goodput_tok_s": round(cl.consumed_resp / end, 1) if end else 0.0,
         "step_marks": [round(x, 2) for x in cl.step_marks],
         "first_step_s": cl.step_marks[1] - cl.step_marks[0] if len(cl.step_marks) > 1 else 0.0,
         "final_partition": _partition(cl),
@@ -72,7 +71,7 @@ def result_of(cl) -> RunResult:
         consumed_tokens=cl.consumed_tokens,
         consumed_response_tokens=cl.consumed_resp,
         dropped_tokens=cl.dropped_tokens,
-        goodput=cl.consumed_tokens / end if end else 0.0,
+        goodput=cl.consumed_resp / end if end else 0.0,
         rwt_gpu_s=rwt,
         twt_gpu_s=twt,
         kv_hit_rate=hits / prompt if prompt else 0.0,
@@ -83,6 +82,7 @@ def result_of(cl) -> RunResult:
         extra=extra,
         timeline=led.timeline(end),
         bin_s=led.bin_s,
+        dropped_groups=cl.dropped_groups,
     )
 
 

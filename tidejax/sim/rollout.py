@@ -120,6 +120,9 @@ class Rank:
         self._kind_s: dict[str, float] = {}  # busy seconds per kind not yet in the ledger
         self._seq = 0
         self._memo = (-1, 0.0, 0, 0.0)  # (B, S, k, iters_time(B, S, k)) last computed
+        # decode so far: iterations, tokens, and context summed over tokens (ERS's signals)
+        self.dec_iters = self.dec_tokens = 0
+        self.dec_ctx = 0.0
 
     # ----------------------------------------------------------------- ledger
     def _log(self, t0: float, t1: float, kind: str) -> None:
@@ -169,7 +172,10 @@ class Rank:
         self._log(self.t0, self.t0 + dt, "decode")
         self.t0 += dt
         self.I += k
-        self.S += k * self.B
+        self.dec_iters += k
+        self.dec_tokens += k * B
+        self.dec_ctx += k * S + B * k * (k - 1) / 2
+        self.S += k * B
 
     def catch_up(self, t: float, before_finish: bool = False) -> None:
         """Advance to the first iteration boundary at or after ``t``, never past the next

@@ -7,8 +7,9 @@
   Ref/Actor alternation with swaps.
 * ``bidirl`` (BiDiRL-like): static planner partition, request-level engine, batch trainer,
   bidirectional borrowing.
-* ``tidejax``: CTB + RA2P + ERS from an even split (cold start at maximum rollout).
-* ``tidejax+bidirl``: the planner's partition as ERS's start, plus borrowing.
+* ``tidejax``: CTB + RA2P + ERS from the static planner's partition (cold start at maximum
+  rollout until ``B_min`` groups are ready).
+* ``tidejax+bidirl``: the same plus bidirectional borrowing.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def bidirl() -> SystemSpec:
     return SystemSpec("bidirl", planner=True, trainer="batch", borrowing=True)
 
 
-def tidejax(start: float = 0.5) -> SystemSpec:
-    """ERS starts from an even split (no sweep, no planner) and adapts one rank per step."""
-    return SystemSpec("tidejax", rollout="ctb", trainer="ra2p", ers=True, rollout_fraction=start)
+def tidejax() -> SystemSpec:
+    """ERS starts from the static planner's partition (no sweep) and adapts one rank a step."""
+    return SystemSpec("tidejax", rollout="ctb", trainer="ra2p", ers=True, planner=True)
 
 
 def tidejax_bidirl() -> SystemSpec:

@@ -53,6 +53,10 @@ class Trainer:
         self.blocked_until = 0.0  # trainer GPUs lent to rollout (BiDiRL) until then
         self.on_blocked_work = None  # callback(t) when work arrives while GPUs are lent
         self.events = None  # set by the cluster: push(t, fn, *args)
+        # the staleness bound, as the runtime's GlobalBuffer.take applies it: a group found
+        # stale when the trainer takes it is dropped (set by the cluster)
+        self.is_stale = lambda group: False
+        self.on_drop = None  # callback(group, t)
 
     # ------------------------------------------------------------------ buffer
     def offer(self, group, t: float) -> None:
@@ -98,6 +102,9 @@ class Trainer:
     def _pull(self, t: float) -> None:
         while self.taken < self.need and self.buffer:
             _, _, _, g = heapq.heappop(self.buffer)
+            if self.is_stale(g):
+                self.on_drop(g, t)
+                continue
             self.taken += 1
             self.step_groups.append(g)
             self.acc[0] += g.train_tokens
