@@ -140,7 +140,7 @@ class Engine:
         if all(x.dtype == dtype for x in jax.tree.leaves(placed)
                if np.issubdtype(x.dtype, np.floating)):
             return placed
-        return _cast_on_device(placed, dtype, self._param_shardings)
+        return _cast_on_device(placed, dtype)
 
     def release(self) -> None:
         """Free this rank's weights and KV pages (its rank closed); the engine is unusable
@@ -369,8 +369,9 @@ class Engine:
         return stop
 
 
-def _cast_on_device(params: Params, dtype, shardings) -> Params:
-    return jax.jit(functools.partial(cast_floating, dtype=dtype), out_shardings=shardings)(params)
+# One compiled cast per (tree structure, dtype): a jit built per call would recompile at
+# every weight load. Outputs keep the inputs' shardings.
+_cast_on_device = jax.jit(cast_floating, static_argnums=1)
 
 
 @functools.lru_cache(maxsize=16)
