@@ -5,12 +5,16 @@ for a step. The buffer measures the readiness signals ERS and RA2P decide on:
 RAS (ready work when a step starts), TPRM (mean interval between ready micro-batches
 during the step) and head-of-line latency (age of the oldest ready group). It enforces
 the staleness bound: a group whose oldest token is more than `staleness_bound` versions
-behind the trainer is dropped, counted and never trained on.
+behind the trainer is dropped, counted and never trained on. A stale group leaves the
+staleness quota like a taken one: `take_new_stale_drops` tells the controller how many were
+dropped since it last asked, so it returns their slots to the `RolloutManager` (groups the
+manager `drop`s itself, failed ones, it has already returned).
 
 Threads: in a run every call comes from the controller's asyncio loop thread. The
 `RolloutManager`'s task coroutines `put` (or `drop`) finished groups; `Controller.run`
 polls `wait_for(..., timeout=0)` between short `asyncio.sleep`s, so the loop keeps serving
-turns and env steps while a step waits for its batch, then `take`s it. The trainer thread
+turns and env steps while a step waits for its batch, then `take`s it, calling
+`take_new_stale_drops` after each poll and the take. The trainer thread
 receives the batch's trajectories, never the buffer. One Condition guards everything, so
 a caller on another thread may also block in `wait_for` while the loop puts groups.
 """
@@ -66,6 +70,7 @@ class GlobalBuffer:
         self._cond = threading.Condition()
         self._ready: deque[ReadyGroup] = deque()
         self.dropped: list[DropRecord] = []
+        self._unreported_stale = 0  # stale drops not yet returned by take_new_stale_drops
         self._step_start = clock()
         self._ras = 0.0
         self._arrived_tokens_in_step = 0
@@ -107,6 +112,7 @@ class GlobalBuffer:
         for group in self._ready:
             if trainer_version - group.min_version > self.staleness_bound:
                 self.dropped.append(DropRecord(group.group_id, "stale", group.generated_tokens))
+                self._unreported_stale += 1
             else:
                 kept.append(group)
         self._ready = kept
@@ -130,6 +136,12 @@ class GlobalBuffer:
             self._drop_stale(trainer_version)
             taken = [self._ready.popleft() for _ in range(min(max_groups, len(self._ready)))]
             return taken
+
+    def take_new_stale_drops(self) -> int:
+        """Groups dropped as stale since the last call (each one is reported once)."""
+        with self._cond:
+            n, self._unreported_stale = self._unreported_stale, 0
+            return n
 
     def signals(self) -> ReadinessSignals:
         with self._cond:

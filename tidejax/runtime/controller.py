@@ -70,6 +70,15 @@ def assign_devices(partition: ers.Partition, devices: list) -> tuple[list, list,
     return devices[:r], devices[r:r + f], devices[r + f:]
 
 
+def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
+    """Give the manager back the staleness-quota slots of groups the buffer dropped as stale
+    since the last call (each once); without it admission stops for good. Returns them."""
+    n = buffer.take_new_stale_drops()
+    if n:
+        manager.consumed(n)
+    return n
+
+
 @dataclasses.dataclass
 class StepRecord:
     step: int
@@ -334,6 +343,7 @@ class Controller:
                     target = self.buffer.wait_for(target, self.version, timeout=0)
                 while (self.buffer.wait_for(target, self.version, timeout=0) < target
                        and not self._stopping()):
+                    return_stale_slots(self.buffer, manager)  # before topping up the queue
                     manager.raise_if_failed()
                     await asyncio.sleep(0.005)
                     self._top_up(manager)
@@ -343,6 +353,7 @@ class Controller:
                     time.perf_counter() - step_start)
                 groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
                 manager.consumed(len(groups))
+                return_stale_slots(self.buffer, manager)  # what wait_for/take dropped as stale
                 payloads: list[GroupPayload] = [g.payload for g in groups]
                 trajectories = [t for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
                 advantages = [a for p in payloads for a, k in zip(p.advantages, p.keep) if k]
