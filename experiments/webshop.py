@@ -40,6 +40,7 @@ import shlex  # noqa: E402
 from tidejax.config import (RunConfig, absolute_path, layer_overrides,  # noqa: E402
                             read_config_file, resolve_paths, run_config_from_dict)
 from tidejax.runtime.job import run_job, warm_start  # noqa: E402
+from tidejax.runtime.layout import LayoutError  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
 
@@ -164,7 +165,7 @@ def main(argv=None) -> None:
 
         os.makedirs(run_dir, exist_ok=True)
         try:
-            _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.sft.devices],
+            _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.topology.devices],
                                           stop=stop)
         except RunStopped as e:
             log.error("warm start stopped by %s before it finished; nothing was cached",
@@ -176,6 +177,9 @@ def main(argv=None) -> None:
     try:
         out = run_job(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
                       compile_cache=compile_cache, stop=stop)
+    except LayoutError as e:  # raised before anything is built: nothing to keep
+        print(f"tidejax: cannot start: {e}", file=sys.stderr)
+        sys.exit(2)
     except AllRanksFailed as e:
         log.error("run stopped: %s. The last checkpoint in %s is intact; restore the rollout "
                   "ranks and rerun with --resume.", e,

@@ -26,6 +26,16 @@ AttendFn = Callable[[jax.Array, jax.Array, jax.Array, Any, Any], tuple[jax.Array
 _INIT_STD = 0.02
 
 
+def project(spec: str, x, kernel):
+    """`einsum(spec, x, kernel)` accumulated in float32 and returned in `x`'s dtype.
+
+    The same arithmetic GPUs do for a bf16 matmul; asking for it explicitly also keeps
+    XLA CPU from materialising float32 copies of bf16 weights (a layer's worth per matmul,
+    measured by `memory_analysis()`), so CPU compiles account memory the way GPUs use it.
+    """
+    return jnp.einsum(spec, x, kernel, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 def _param(rngs: nnx.Rngs, shape, axes, dtype, kind: str = "normal") -> nnx.Param:
     if kind == "normal":
         value = _INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)
@@ -76,15 +86,16 @@ class Attention(nnx.Module):
         self.rope_theta = cfg.rope_theta
 
     def __call__(self, x_BTD, positions_BT, attend: AttendFn, layer_cache, aux):
-        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_kernel[...])
-        k = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_kernel[...])
-        v = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_kernel[...])
+        q = project("btd,dnh->btnh", x_BTD, self.q_kernel[...])
+        k = project("btd,dkh->btkh", x_BTD, self.k_kernel[...])
+        v = project("btd,dkh->btkh", x_BTD, self.v_kernel[...])
         if self.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         q = rope(q, positions_BT, self.rope_theta)
         k = rope(k, positions_BT, self.rope_theta)
         out_BTNH, layer_cache = attend(q, k, v, layer_cache, aux)
-        return jnp.einsum("btnh,nhd->btd", out_BTNH.astype(x_BTD.dtype), self.o_kernel[...]), layer_cache
+        out = project("btnh,nhd->btd", out_BTNH.astype(x_BTD.dtype), self.o_kernel[...])
+        return out, layer_cache
 
 
 class MLP(nnx.Module):
@@ -95,8 +106,9 @@ class MLP(nnx.Module):
         self.down_kernel = _param(rngs, (f, d), ("mlp", "embed"), dt)
 
     def __call__(self, x_BTD):
-        gate = jax.nn.silu(x_BTD @ self.gate_kernel[...])
-        return (gate * (x_BTD @ self.up_kernel[...])) @ self.down_kernel[...]
+        gate = jax.nn.silu(project("...d,df->...f", x_BTD, self.gate_kernel[...]))
+        up = project("...d,df->...f", x_BTD, self.up_kernel[...])
+        return project("...f,fd->...d", gate * up, self.down_kernel[...])
 
 
 class DecoderLayer(nnx.Module):

@@ -95,7 +95,8 @@ def gqa_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> jax.Array:
     scores = scores * (h ** -0.5)
     scores = jnp.where(mask_BTS[:, None, None], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH,
+                     preferred_element_type=jnp.float32).astype(v_BSKH.dtype)
     return out.reshape(b, t, n, h)
 
 

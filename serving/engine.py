@@ -93,12 +93,8 @@ class Engine:
         self.config = config
         self.engine_config = ec = engine_config
         self._mesh = mesh
-        self._param_shardings = param_shardings(config, mesh, ROLLOUT_RULES)
-        tensor = mesh.shape.get("tensor", 1)
-        kv_spec = (PartitionSpec(None, None, None, "tensor", None)
-                   if tensor > 1 and config.num_kv_heads % tensor == 0 else PartitionSpec())
-        self.kv_sharding = NamedSharding(mesh, kv_spec)
-        self._replicated = NamedSharding(mesh, PartitionSpec())
+        self._param_shardings, self.kv_sharding, self._replicated = engine_shardings(
+            config, mesh)
         self._init_host(ec)
         self._kv = init_kv_pages(config, ec.num_pages, ec.page_size, self.kv_sharding)
         self.params = self.load_params(params)
@@ -391,10 +387,23 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     return prefill, generate, insert, free
 
 
+def engine_shardings(config: ModelConfig, mesh: jax.sharding.Mesh):
+    """(parameter shardings, KV page sharding, replicated) of a rank's engine on `mesh`."""
+    tensor = mesh.shape.get("tensor", 1)
+    kv_spec = (PartitionSpec(None, None, None, "tensor", None)
+               if tensor > 1 and config.num_kv_heads % tensor == 0 else PartitionSpec())
+    return (param_shardings(config, mesh, ROLLOUT_RULES), NamedSharding(mesh, kv_spec),
+            NamedSharding(mesh, PartitionSpec()))
+
+
+def rank_mesh(devices: Sequence[jax.Device]) -> jax.sharding.Mesh:
+    """A rollout rank's mesh: its devices in one tensor-parallel group."""
+    return make_mesh(list(devices), data=1, fsdp=1, tensor=len(devices))
+
+
 def make_engine(config: ModelConfig, params: Params, devices: Sequence[jax.Device] | None = None,
                 engine_config: EngineConfig | None = None) -> Engine:
     """An engine on one rollout rank: `devices` form a tensor-parallel mesh (topology is
     data). Parameters shard by ROLLOUT_RULES; KV pages on kv heads when they divide."""
     devices = list(devices) if devices is not None else jax.devices()[:1]
-    mesh = make_mesh(devices, data=1, fsdp=1, tensor=len(devices))
-    return Engine(config, engine_config or EngineConfig(), mesh, params)
+    return Engine(config, engine_config or EngineConfig(), rank_mesh(devices), params)

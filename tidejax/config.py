@@ -87,6 +87,12 @@ class RunConfig:
     # trainer always holds float32 master weights and Adam moments. None: the preset's
     # (float32 tiny, bfloat16 Qwen2.5) or, with hf_path, the checkpoint's torch_dtype.
     compute_dtype: str | None = None
+    # Memory planning (tidejax.sched.memory): the share of each device's memory the job
+    # plans to use (the rest covers what the model does not see: collectives' buffers,
+    # cuBLAS/cuDNN workspaces, fragmentation), and the device memory in GiB (None: what
+    # the backend reports; CPU reports none, so only divisibility is checked there).
+    memory_fraction: float = 0.75
+    device_memory_gib: float | None = None
     seed: int = 0
     steps: int = 12
     group_size: int = 4
@@ -128,6 +134,12 @@ class RunConfig:
         if self.compute_dtype not in (None, *COMPUTE_DTYPES):
             raise ValueError(f"RunConfig.compute_dtype must be one of {COMPUTE_DTYPES} or "
                              f"unset, got {self.compute_dtype!r}")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"RunConfig.memory_fraction must be in (0, 1], "
+                             f"got {self.memory_fraction!r}")
+        if self.device_memory_gib is not None and not self.device_memory_gib > 0:
+            raise ValueError(f"RunConfig.device_memory_gib must be > 0 or unset, "
+                             f"got {self.device_memory_gib!r}")
         if self.group_size < 2:
             raise ValueError(f"RunConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
         if self.model_vocab_size is not None and self.model_vocab_size < self.tokenizer_vocab:

@@ -52,7 +52,7 @@ from tidejax.models.config import ModelConfig
 from tidejax.models.tokenizer import Tokenizer
 from tidejax.rl.batch import loss_denominator
 from tidejax.rl.state import TrainState
-from tidejax.runtime import resume
+from tidejax.runtime import layout, resume
 from tidejax.runtime.buffer import GlobalBuffer
 from tidejax.runtime.manager import AllRanksFailed, GroupPayload, RolloutManager
 from tidejax.runtime.rollout import RolloutWorker
@@ -155,21 +155,21 @@ class Controller:
         self.version = 0
         self.data_cursor = 0  # training groups issued so far (resume point)
         self.records: list[StepRecord] = []
-        self.ers_config = ers.ErsConfig(b_min=cfg.min_batch_groups, b_ideal=cfg.batch_groups,
-                                        min_rollout=cfg.topology.min_rollout,
-                                        min_actor=cfg.topology.min_actor)
+        # The memory model admits the mesh sizes ERS may choose and refuses, at start, a
+        # layout that does not divide the model or fit (initial_partition).
+        self.job_memory = layout.job_memory(cfg, model_config,
+                                            layout.capacity_bytes(cfg, self.devices))
+        self.ers_config = layout.ers_config(cfg, self.job_memory, len(self.devices))
         self._step_times: list[float] = []
         self._last_costs: ra2p.Ra2pCosts | None = None
+        self._since_move = 1 << 30  # boundaries since ERS last changed the partition
+        self._move_s = 0.0  # measured seconds of the last partition change
+        self._stale_in_step = 0  # groups dropped as stale during the current step
 
     # ------------------------------------------------------------------ topology
     def initial_partition(self) -> ers.Partition:
-        t = self.cfg.topology
-        n = len(self.devices)
-        if self.system == "sync":
-            return ers.Partition(rollout=n, actor=n)  # phases share every device
-        if self.system == "tide":
-            return ers.initial(n, self.ers_config)  # preemptive generation at cold start
-        return ers.Partition(rollout=t.rollout_ranks, actor=n - t.rollout_ranks)
+        """The first partition, refused (LayoutError naming the field) if it cannot run."""
+        return layout.initial_partition(self.cfg, self.job_memory, len(self.devices))
 
     def _roles(self, partition: ers.Partition):
         if self.system == "sync":
@@ -343,7 +343,8 @@ class Controller:
                     target = self.buffer.wait_for(target, self.version, timeout=0)
                 while (self.buffer.wait_for(target, self.version, timeout=0) < target
                        and not self._stopping()):
-                    return_stale_slots(self.buffer, manager)  # before topping up the queue
+                    # before topping up the queue
+                    self._stale_in_step += return_stale_slots(self.buffer, manager)
                     manager.raise_if_failed()
                     await asyncio.sleep(0.005)
                     self._top_up(manager)
@@ -353,7 +354,8 @@ class Controller:
                     time.perf_counter() - step_start)
                 groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
                 manager.consumed(len(groups))
-                return_stale_slots(self.buffer, manager)  # what wait_for/take dropped as stale
+                # what wait_for/take dropped as stale
+                self._stale_in_step += return_stale_slots(self.buffer, manager)
                 payloads: list[GroupPayload] = [g.payload for g in groups]
                 trajectories = [t for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
                 advantages = [a for p in payloads for a, k in zip(p.advantages, p.keep) if k]
@@ -381,11 +383,16 @@ class Controller:
                     eval_pending = None
                 if self.system == "tide":
                     plan = self._plan(manager, partition, train_s, timings, twt, len(groups),
-                                      cold)
+                                      cold, plan)
                     cold = False
+                    self._since_move += 1
                     if plan.partition != partition:
                         partition = plan.partition
+                        move_start = time.perf_counter()
                         state = await self._apply_partition(partition, manager, state)
+                        self._move_s = time.perf_counter() - move_start
+                        self._since_move = 0
+                self._stale_in_step = 0
                 sync_s = await self._sync_weights(manager, state)
                 if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                     self._queue_eval(manager)
@@ -461,7 +468,8 @@ class Controller:
         timings["update_s"] = time.perf_counter() - start
         return state, timings, metrics
 
-    def _plan(self, manager, partition, train_s, timings, twt, batch, cold) -> ers.Plan:
+    def _plan(self, manager, partition, train_s, timings, twt, batch, cold,
+              last: ers.Plan) -> ers.Plan:
         n_mb = max(1, timings["micro_batches"])
         n_actor = max(1, partition.actor)
         w_act = max(train_s - timings["ref_s"], 1e-6) * n_actor / n_mb
@@ -470,6 +478,7 @@ class Controller:
         costs = ra2p.Ra2pCosts(w_act=w_act, w_ref=w_ref, t_swap=timings["swap_s"],
                                n_actor=n_actor, n_ref=partition.ref)
         sig = self.buffer.signals()
+        last_record = self.records[-1] if self.records else None
         step_avg = float(np.mean(self._step_times)) if self._step_times else train_s
         signals = ers.Signals(
             ras_mb=int(sig.ready_tokens // self.cfg.micro_batch_tokens),
@@ -477,7 +486,15 @@ class Controller:
             t_step_s=step_avg, mb_per_step=n_mb, costs=costs, prev_batch=batch,
             twt_frac=min(1.0, twt / max(step_avg, 1e-6)), cold_start=cold,
             eval_phase=False, rollout_scaled_down=bool(self.records) and partition.rollout <
-            (self.records[-1].partition[0] if self.records else partition.rollout))
+            (self.records[-1].partition[0] if self.records else partition.rollout),
+            # what the previous plan saw and did, measured: its deficit (hysteresis), how
+            # long since a move, the share of the last whole step rollout ranks idled, what
+            # a move cost when one was last made, and groups that arrived too stale
+            last_pressure=last.pressure, since_move=min(self._since_move, 1 << 30),
+            rollout_idle_frac=min(1.0, last_record.rwt_s / max(last_record.step_s, 1e-6))
+            if last_record else 0.0,
+            last_step_s=last_record.step_s if last_record else train_s,
+            move_cost_s=self._move_s, dropped_groups=self._stale_in_step)
         return ers.plan(signals, partition, self.ers_config)
 
     def _rwt(self, manager, busy_before, step_s) -> float:

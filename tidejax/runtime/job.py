@@ -23,7 +23,9 @@ from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations, local_env_f
 from tidejax.envs.latency import LatencyModel
 from tidejax.envs.policies import action_format
 from tidejax.metrics import MetricsWriter, TraceRecorder, format_eta
+from tidejax.models.hf import read_config
 from tidejax.models.tokenizer import check_matches_model
+from tidejax.runtime import layout
 from tidejax.runtime.controller import Controller, RunSummary, StepRecord
 from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action, open_episode
 from tidejax.runtime.sft import sft_warm_start
@@ -129,6 +131,18 @@ def summary_dict(summary: RunSummary) -> dict:
 
 
 # ---------------------------------------------------------------------------- main
+def model_config_of(cfg: RunConfig) -> models.ModelConfig:
+    """The model the run trains, without reading any weights."""
+    if cfg.hf_path:
+        return read_config(cfg.hf_path, dtype=cfg.compute_dtype)
+    model_config = models.get_preset(cfg.preset)
+    if cfg.model_vocab_size is not None:
+        model_config = model_config.replace(vocab_size=cfg.model_vocab_size)
+    if cfg.compute_dtype is not None:
+        model_config = model_config.replace(dtype=cfg.compute_dtype)
+    return model_config
+
+
 def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
                stop: StopRequest | None = None):
     """Tokenizer, model config and SFT-warm-started params (both cached in `cache_dir`);
@@ -143,11 +157,7 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     if cfg.hf_path:  # read in the compute dtype: the trainer makes float32 masters of it
         model_config, params = models.load_hf(cfg.hf_path, dtype=cfg.compute_dtype)
     else:
-        model_config = models.get_preset(cfg.preset)
-        if cfg.model_vocab_size is not None:
-            model_config = model_config.replace(vocab_size=cfg.model_vocab_size)
-        if cfg.compute_dtype is not None:
-            model_config = model_config.replace(dtype=cfg.compute_dtype)
+        model_config = model_config_of(cfg)
         params = models.init_params(model_config.replace(dtype="float32"),
                                     jax.random.key(cfg.seed))
     check_matches_model(tokenizer, model_config.vocab_size)
@@ -176,6 +186,10 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     if len(devices) < cfg.topology.devices:
         raise ValueError(f"topology.devices={cfg.topology.devices} but only {len(devices)} "
                          "devices are visible (on CPU set --devices before jax starts)")
+    # A layout that does not divide the model or fit is refused before anything is built.
+    layout.initial_partition(cfg, layout.job_memory(cfg, model_config_of(cfg),
+                                                    layout.capacity_bytes(cfg, devices)),
+                             len(devices))
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1, default=str)
     writer = MetricsWriter(run_dir, enabled=jax.process_index() == 0)

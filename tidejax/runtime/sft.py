@@ -16,8 +16,10 @@ from tidejax.models.sharding import make_mesh
 from tidejax.rl.batch import Batch
 from tidejax.rl.config import OptimConfig
 from tidejax.rl.trainer import make_trainer
+from tidejax.runtime import layout
 from tidejax.runtime.episode import EpisodeTokens
 from tidejax.runtime.stop import StopRequest
+from tidejax.sched import memory
 from tidejax.sched.microbatch import pack_rows
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,23 @@ def sft_batches(episodes: list[EpisodeTokens], row_len: int, rows: int, rng: np.
         yield Batch.for_sft(tokens, mask, seg)
 
 
+def sft_mesh_size(cfg: RunConfig, model_config: ModelConfig, devices) -> int:
+    """Devices the warm start trains on: the largest size up to `sft.devices` that divides
+    the model and the batch and that the memory model says fits, else the smallest that
+    fits (a 7B model does not fit on the 2 devices that suit fake CPU devices)."""
+    jm = layout.job_memory(cfg, model_config, layout.capacity_bytes(cfg, devices))
+    batch = memory.TrainerBatch(cfg.sft.batch_sequences, cfg.row_len, jm.remat)
+    fits = [n for n in range(1, len(devices) + 1)
+            if cfg.sft.batch_sequences % n == 0 and not memory.undivided(jm.shape, n)
+            and memory.trainer_step(jm.shape, n, batch, "sft").fits(jm.capacity_bytes)]
+    if not fits:
+        raise ValueError(f"sft.batch_sequences={cfg.sft.batch_sequences}: no mesh of up to "
+                         f"{len(devices)} devices divides the model and the batch and holds "
+                         f"the SFT step")
+    small = [n for n in fits if n <= cfg.sft.devices]
+    return max(small) if small else min(fits)
+
+
 def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, devices,
                    cache_path: str, writer=None, stop: StopRequest | None = None):
     """Masked next-token training on expert episodes; cached at `cache_path`. A stop
@@ -76,10 +95,9 @@ def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, 
     optim = OptimConfig(lr=cfg.sft.lr, warmup_steps=min(5, cfg.sft.steps - 1),
                         total_steps=cfg.sft.steps + 1, weight_decay=0.0)
     rl = cfg.rl.replace(optim=optim)
-    n = max(1, min(len(devices), cfg.sft.devices, cfg.sft.batch_sequences))
-    while cfg.sft.batch_sequences % n:
-        n -= 1
-    trainer = make_trainer(model_config, rl, make_mesh(list(devices[:n]), fsdp=-1))
+    n = sft_mesh_size(cfg, model_config, devices)
+    # The last devices: where the actor mesh starts (rollout ranks take the first ones).
+    trainer = make_trainer(model_config, rl, make_mesh(list(devices[-n:]), fsdp=-1))
     state = trainer.init_state(cfg.seed, params)
     rng = np.random.default_rng(cfg.seed)
     step, loss = 0, float("nan")

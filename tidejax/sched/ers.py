@@ -1,7 +1,8 @@
 """Elastic Resource Scaling (TideRL §ERS): one plan per post-update boundary.
 
 :func:`plan` reads readiness :class:`Signals` and the current :class:`Partition` and returns
-a :class:`Plan`: the next partition (at most one rank moved), the RA2P mode, the elastic
+a :class:`Plan`: the next partition (one move: a rank, or the ranks the next mesh size the
+memory model admits needs, ``ErsConfig.actor_sizes``), the RA2P mode, the elastic
 batch size in ``[B_min, B_ideal]`` and whether the trainer retains a reservoir.
 
 How it decides. The measured shares of the last steps give each side's busy time: the
@@ -84,6 +85,11 @@ class ErsConfig:
     tau: float = 1.0  # head-of-line threshold, in units of the average step time
     theta: float = 0.1  # share of a step spent waiting (TWT or RWT) that counts [A]
     cooldown: int = 2  # boundaries after a move before the next one (the buffer lags) [A]
+    # Mesh sizes the memory model admits (tidejax.sched.memory.JobMemory): an actor or a
+    # decoupled reference mesh is only ever one of these sizes; empty: any size. A move
+    # to the next admitted size takes as many ranks as it needs.
+    actor_sizes: tuple[int, ...] = ()
+    ref_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.b_min <= self.b_ideal:
@@ -98,6 +104,36 @@ class ErsConfig:
             raise ValueError("ErsConfig.theta must be in (0, 1)")
         if self.cooldown < 1:
             raise ValueError("ErsConfig.cooldown must be >= 1")
+        if any(n <= 0 for n in (*self.actor_sizes, *self.ref_sizes)):
+            raise ValueError("ErsConfig.actor_sizes and ref_sizes must be positive")
+
+    @property
+    def smallest_actor(self) -> int:
+        admitted = [n for n in self.actor_sizes if n >= self.min_actor]
+        return min(admitted) if self.actor_sizes else self.min_actor
+
+    def actor_size(self, current: int, grow: bool) -> int | None:
+        """The next admitted actor size above (``grow``) or below ``current``."""
+        return _next_size(current, self.actor_sizes, grow, self.min_actor)
+
+    def ref_size(self, current: int, grow: bool) -> int | None:
+        """The next admitted reference size; shrinking may reach 0 (no decoupled ref)."""
+        if grow:
+            return _next_size(current, self.ref_sizes, True, 1)
+        if current == 0:
+            return None
+        smaller = _next_size(current, self.ref_sizes, False, 1)
+        return 0 if smaller is None else smaller
+
+
+def _next_size(current: int, sizes: tuple[int, ...], grow: bool, floor: int) -> int | None:
+    if not sizes:
+        nxt = current + 1 if grow else current - 1
+        return nxt if nxt >= floor else None
+    options = [n for n in sizes if n >= floor and (n > current if grow else n < current)]
+    if not options:
+        return None
+    return min(options) if grow else max(options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,17 +199,29 @@ class Plan:
 
 def initial(total: int, cfg: ErsConfig) -> Partition:
     """Cold start: the largest rollout the trainer's minimum allows (preemptive generation)."""
-    if total < cfg.min_actor + cfg.min_rollout:
-        raise ValueError(f"{total} ranks cannot hold min_actor + min_rollout")
-    return Partition(rollout=total - cfg.min_actor, actor=cfg.min_actor)
+    actor = cfg.smallest_actor
+    if total < actor + cfg.min_rollout:
+        raise ValueError(f"{total} ranks cannot hold an actor of {actor} and "
+                         f"{cfg.min_rollout} rollout rank(s)")
+    return Partition(rollout=total - actor, actor=actor)
 
 
 def _to_rollout(p: Partition, cfg: ErsConfig) -> Partition:
     if p.ref > 0:
-        return replace(p, rollout=p.rollout + 1, ref=p.ref - 1)
-    if p.actor > cfg.min_actor:
-        return replace(p, rollout=p.rollout + 1, actor=p.actor - 1)
+        ref = cfg.ref_size(p.ref, grow=False)
+        if ref is not None:
+            return replace(p, rollout=p.rollout + p.ref - ref, ref=ref)
+    actor = cfg.actor_size(p.actor, grow=False)
+    if actor is not None:
+        return replace(p, rollout=p.rollout + p.actor - actor, actor=actor)
     return p
+
+
+def _grow_actor(p: Partition, cfg: ErsConfig) -> Partition:
+    actor = cfg.actor_size(p.actor, grow=True)
+    if actor is None or p.rollout - (actor - p.actor) < cfg.min_rollout:
+        return p
+    return replace(p, rollout=p.rollout - (actor - p.actor), actor=actor)
 
 
 def _to_trainer(p: Partition, cfg: ErsConfig, costs: Ra2pCosts, decoupled: bool) -> Partition:
@@ -182,8 +230,10 @@ def _to_trainer(p: Partition, cfg: ErsConfig, costs: Ra2pCosts, decoupled: bool)
     # A Ref rank while a worthwhile decoupled pipeline would be Ref-bound; else an Actor rank.
     ref_bound = p.ref == 0 or costs.w_ref / p.ref > costs.w_act / p.actor
     if decoupled and ref_bound:
-        return replace(p, rollout=p.rollout - 1, ref=p.ref + 1)
-    return replace(p, rollout=p.rollout - 1, actor=p.actor + 1)
+        ref = cfg.ref_size(p.ref, grow=True)
+        if ref is not None and p.rollout - (ref - p.ref) >= cfg.min_rollout:
+            return replace(p, rollout=p.rollout - (ref - p.ref), ref=ref)
+    return _grow_actor(p, cfg)
 
 
 def balanced(costs: Ra2pCosts, extra: int = 0) -> Ra2pCosts:
@@ -229,7 +279,7 @@ def predicted_step_s(s: Signals, p: Partition, nxt: Partition) -> float:
 
 
 def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
-    """The next partition (at most one rank moved), RA2P mode and batch; see module doc."""
+    """The next partition (one move), RA2P mode and batch; see module doc."""
     s, p = signals, partition
     if s.cold_start:
         nxt = _to_rollout(p, cfg)
@@ -241,8 +291,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     costs = replace(s.costs, n_actor=p.actor, n_ref=p.ref)
     n_mb = max(1, s.mb_per_step)
     waited = s.twt_frac > cfg.theta  # the trainer waited for data: rollout keeps its ranks
-    if not s.eval_phase and s.eval_ranks_out and not waited and p.rollout > cfg.min_rollout:
-        nxt = replace(p, rollout=p.rollout - 1, actor=p.actor + 1)
+    nxt = _grow_actor(p, cfg)
+    if not s.eval_phase and s.eval_ranks_out and not waited and nxt != p:
         grown = replace(costs, n_actor=nxt.actor)
         mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
         return Plan(nxt, mode, cfg.b_ideal, False, "evaluation over: its rank returns")
@@ -256,8 +306,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     late = s.dropped_groups > 0  # groups arrived too stale: rollout is already too slow
     if not waited and not late and p.rollout > cfg.min_rollout and step > 0:
         nxt = _to_trainer(p, cfg, costs, decoupled=decoupled_pays)
-        gain = now - predicted_step_s(s, p, nxt)
-        if gain > worth:
+        gain = now - predicted_step_s(s, p, nxt) if nxt != p else 0.0
+        if gain > worth * max(1, moved(p, nxt)):
             if s.last_pressure != 1 or s.since_move < cfg.cooldown:
                 nxt = p  # hysteresis: the deficit must persist
             grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
@@ -273,7 +323,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if waited and rollout_busy and step > 0:
         nxt = _to_rollout(p, cfg)
         gain = now - predicted_step_s(s, p, nxt) if nxt != p else 0.0
-        if gain > worth:
+        if gain > worth * max(1, moved(p, nxt)):
             if s.last_pressure != -1 or s.since_move < cfg.cooldown:
                 nxt = p
             return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1)

@@ -1,0 +1,100 @@
+"""The job refuses, at start and naming the field, a layout that does not divide the model
+or does not fit; what it admits is what ERS may choose; SFT picks a mesh that fits."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tidejax.config import RunConfig, TopologyConfig
+from tidejax.models.config import get_preset
+from tidejax.runtime import layout
+from tidejax.runtime.job import model_config_of
+from tidejax.runtime.sft import sft_mesh_size
+from tidejax.sched import memory
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _jm(cfg, devices=8):
+    capacity = (cfg.memory_fraction * cfg.device_memory_gib * memory.GIB
+                if cfg.device_memory_gib else memory.UNBOUNDED_BYTES)
+    return layout.job_memory(cfg, model_config_of(cfg), capacity)
+
+
+def test_an_undivided_actor_mesh_is_refused_naming_the_field():
+    # tiny's hidden size 64 does not divide a 3-device actor mesh (4 devices, 1 rollout)
+    cfg = RunConfig(system="async", topology=TopologyConfig(devices=4, rollout_ranks=1))
+    with pytest.raises(layout.LayoutError, match=r"topology.rollout_ranks.*hidden_size 64 "
+                                                 r"over 3 trainer devices"):
+        layout.initial_partition(cfg, _jm(cfg, 4), 4)
+    ok = RunConfig(system="async", topology=TopologyConfig(devices=4, rollout_ranks=2))
+    assert layout.initial_partition(ok, _jm(ok, 4), 4).actor == 2
+
+
+def test_a_7b_actor_on_one_80gb_device_is_refused_with_its_bytes():
+    cfg = RunConfig(system="async", preset="qwen2.5-7b", model_vocab_size=None,
+                    device_memory_gib=80.0, row_len=1536,
+                    topology=TopologyConfig(devices=8, rollout_ranks=7))
+    with pytest.raises(layout.LayoutError, match=r"actor on 1 device\(s\) needs [\d.]+ GiB "
+                                                 r"\(params .*\) per device, over 60.0 GiB"):
+        layout.initial_partition(cfg, _jm(cfg), 8)
+
+
+def test_tide_starts_at_the_smallest_admitted_actor_and_ers_keeps_to_admitted_sizes():
+    cfg = RunConfig(preset="qwen2.5-7b", model_vocab_size=None, device_memory_gib=80.0,
+                    row_len=1536)
+    jm = _jm(cfg)
+    bounds = layout.ers_config(cfg, jm, 8)
+    assert bounds.actor_sizes and all(not memory.undivided(jm.shape, n)
+                                      for n in bounds.actor_sizes)
+    assert 1 not in bounds.actor_sizes  # 7B's state alone is 114 GiB on one device
+    first = layout.initial_partition(cfg, jm, 8)
+    assert first.actor == min(bounds.actor_sizes) and first.rollout == 8 - first.actor
+
+
+def test_cpu_runs_check_divisibility_only():
+    cfg = RunConfig()  # tiny on fake CPU devices: no memory is reported
+    jm = _jm(cfg)
+    assert jm.capacity_bytes == memory.UNBOUNDED_BYTES
+    assert jm.actor_sizes(7) == (1, 2, 4)  # 64 divides these
+
+
+def test_sft_picks_a_mesh_that_holds_the_step():
+    import jax
+
+    tiny = RunConfig()
+    assert sft_mesh_size(tiny, get_preset("tiny"), jax.devices()[:8]) == 2  # sft.devices
+    big = RunConfig(preset="qwen2.5-7b", model_vocab_size=None, device_memory_gib=80.0,
+                    row_len=1536)
+    n = sft_mesh_size(big, model_config_of(big), jax.devices()[:8])
+    assert n > 2 and big.sft.batch_sequences % n == 0
+
+
+def test_the_cli_refuses_a_bad_split_before_building_anything(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('system = "async"\n[topology]\ndevices = 4\nrollout_ranks = 1\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidejax.experiments.webshop", "--config", str(config),
+         "--out", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cannot start: topology.rollout_ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_the_shipped_7b_gpu_config_fits_the_model():
+    from tidejax.bench.memory import gpu_config
+    from tidejax.models.config import get_preset as preset
+
+    cfg = gpu_config("qwen2.5-7b")
+    jm = layout.job_memory(cfg, preset("qwen2.5-7b"),
+                           cfg.memory_fraction * cfg.device_memory_gib * memory.GIB)
+    assert cfg.engine.num_pages <= memory.max_pages(jm.shape, 1, jm.engine, jm.capacity_bytes)
+    partitions = jm.partitions(cfg.topology.devices)
+    assert partitions and (cfg.topology.rollout_ranks, 0,
+                           cfg.topology.devices - cfg.topology.rollout_ranks) in partitions
+    # tide starts from the smallest admitted actor mesh; SFT fits on an admitted mesh too
+    assert layout.initial_partition(cfg, jm, 8).actor == min(a for _, _, a in partitions)

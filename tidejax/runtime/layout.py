@@ -1,0 +1,99 @@
+"""The job's device layout judged by the memory model (`tidejax.sched.memory`).
+
+One place turns a `RunConfig` and a model into the memory model's `JobMemory`, finds the
+per-device capacity (the config's `memory_fraction` of what the device reports, or of
+`device_memory_gib`), and refuses a layout at start with the config field to change. ERS
+and the SFT warm start take their allowed mesh sizes from the same answer.
+"""
+
+from __future__ import annotations
+
+from tidejax.config import RunConfig
+from tidejax.models.config import ModelConfig
+from tidejax.rl.trainer import resolve_remat
+from tidejax.sched import ers, memory
+
+
+
+class LayoutError(ValueError):
+    """A layout the job refuses at start; the message names the config field to change."""
+
+
+def device_memory_bytes(device) -> float | None:
+    """What the backend says one device holds (None on CPU, which reports nothing)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    return float(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def capacity_bytes(cfg: RunConfig, devices) -> float:
+    """Per-device bytes the job may plan with."""
+    if cfg.device_memory_gib is not None:
+        total = cfg.device_memory_gib * memory.GIB
+    else:
+        reported = [device_memory_bytes(d) for d in devices]
+        if any(r is None for r in reported):
+            return memory.UNBOUNDED_BYTES
+        total = min(reported)
+    return cfg.memory_fraction * total
+
+
+def job_memory(cfg: RunConfig, model_config: ModelConfig, capacity: float
+               ) -> memory.JobMemory:
+    return memory.JobMemory(
+        shape=memory.ModelShape.of(model_config), micro_batch_tokens=cfg.micro_batch_tokens,
+        row_len=cfg.row_len, remat=resolve_remat(model_config, cfg.rl),
+        engine=memory.EngineShape.of(cfg.engine), capacity_bytes=capacity)
+
+
+def check_layout(jm: memory.JobMemory, rollout_ranks: int, ref_devices: int,
+                 actor_devices: int, source: str) -> None:
+    """Raise a LayoutError naming `source` (the config fields that chose the layout) when
+    the layout does not divide the model or does not fit."""
+    problems = jm.problems(rollout_ranks, actor_devices, ref_devices)
+    if problems:
+        raise LayoutError(f"{source}: {rollout_ranks} rollout rank(s), {ref_devices} reference "
+                         f"and {actor_devices} actor device(s) cannot run: "
+                         + "; ".join(problems))
+
+
+def check_shared(jm: memory.JobMemory, actor_devices: int, source: str) -> None:
+    """Sync: every device serves a rollout rank and the trainer runs beside its engine."""
+    problems = jm.problems(0, actor_devices)
+    if not problems and jm.capacity_bytes < memory.UNBOUNDED_BYTES:
+        both = jm.actor(actor_devices).total + jm.rollout().total
+        if both > jm.capacity_bytes:
+            problems.append(f"an engine ({jm.rollout().describe()}) beside the actor "
+                            f"({jm.actor(actor_devices).describe()}) needs "
+                            f"{both / memory.GIB:.1f} GiB per device, over "
+                            f"{jm.capacity_bytes / memory.GIB:.1f} GiB")
+    if problems:
+        raise LayoutError(f"{source}: a sync run training on {actor_devices} device(s) "
+                         "cannot run: " + "; ".join(problems))
+
+
+def ers_config(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.ErsConfig:
+    """ERS's bounds: the batch range, the rank floors and the mesh sizes the model admits."""
+    return ers.ErsConfig(b_min=cfg.min_batch_groups, b_ideal=cfg.batch_groups,
+                         min_rollout=cfg.topology.min_rollout,
+                         min_actor=cfg.topology.min_actor,
+                         actor_sizes=jm.actor_sizes(devices - cfg.topology.min_rollout),
+                         ref_sizes=jm.ref_sizes(devices - cfg.topology.min_rollout - 1))
+
+
+def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.Partition:
+    """The run's first partition; a LayoutError naming the config field if it cannot run."""
+    t = cfg.topology
+    if cfg.system == "sync":
+        # Phases share every device: engines stay up while the trainer runs beside them.
+        check_shared(jm, devices - t.rollout_ranks, "topology.rollout_ranks")
+        return ers.Partition(rollout=devices, actor=devices)
+    if cfg.system == "tide":
+        bounds = ers_config(cfg, jm, devices)
+        if not bounds.actor_sizes:  # no actor mesh ERS could choose: say why the largest fails
+            check_layout(jm, t.min_rollout, 0, devices - t.min_rollout,
+                         f"{devices} devices (topology.devices)")
+        partition = ers.initial(devices, bounds)  # preemptive generation at cold start
+        check_layout(jm, partition.rollout, 0, partition.actor, "topology.min_actor")
+        return partition
+    check_layout(jm, t.rollout_ranks, 0, devices - t.rollout_ranks, "topology.rollout_ranks")
+    return ers.Partition(rollout=t.rollout_ranks, actor=devices - t.rollout_ranks)
