@@ -17,6 +17,9 @@ from tidejax.rl.config import RLConfig
 from tidejax.sched import memory
 from tidejax.serving.config import EngineConfig
 
+# Compiles 7B and 14B shapes (minutes, and several GiB of host memory each): run with -m slow.
+pytestmark = pytest.mark.slow
+
 TOLERANCE, FLOOR = 0.15, 0.25 * 2**30
 
 TRAINER_CASES = [  # preset, layers, devices, remat, micro_batch_tokens, row_len
