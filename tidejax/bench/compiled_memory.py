@@ -29,15 +29,12 @@ from tidejax.models.model import abstract_params, cast_floating
 from tidejax.models.sharding import make_mesh
 from tidejax.rl.batch import Batch
 from tidejax.rl.config import RLConfig
-from tidejax.rl.state import Accum
 from tidejax.rl.trainer import make_trainer
 from tidejax.serving import steps as serving_steps
 from tidejax.serving.config import EngineConfig
 from tidejax.serving.engine import _compiled_steps, engine_shardings, rank_mesh
 from tidejax.serving.kv_pool import KVPages
 
-TRAINER_STEPS = ("sft", "fused", "forward", "backward", "ref_colocated", "update")
-ENGINE_STEPS = ("prefill", "decode")
 
 
 def device_bytes(tree) -> int:
