@@ -200,9 +200,13 @@ def main(argv=None) -> None:
         stop.uninstall()
     evals = out["eval_success"]
     first, last = (evals[min(evals)], evals[max(evals)]) if evals else (float("nan"),) * 2
+    gain = out["learning"]
+    learning = (f"first_reward={gain['first_reward']:.3f} last_reward={gain['last_reward']:.3f} "
+                f"reward_gain={gain['reward_gain']:.3f} gain_se={gain['reward_gain_se']:.3f} "
+                f"eval_episodes={gain['last_episodes']} " if gain else "")
     print(f"system={cfg.system} steps={out['steps']} goodput={out['goodput']:.1f} "
           f"kv_hit_rate={out['kv_hit_rate']:.3f} sft_success={first:.3f} "
-          f"final_success={last:.3f} run_dir={shown_path(run_dir)}")
+          f"final_success={last:.3f} {learning}run_dir={shown_path(run_dir)}")
     print(outputs_line(run_dir))
 
 

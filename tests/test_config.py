@@ -14,7 +14,9 @@ def test_webshop_table_sets_the_shop_every_env_is_built_with():
     assert len(env.catalogue.products) == 60
     assert get_spec("webshop").sizes(kwargs)["train"] == len(env.catalogue.splits["train"])
     assert RunConfig(env_type="household").env_kwargs() == {}
-    assert len(make_env("webshop", **RunConfig().env_kwargs()).catalogue.products) == 1500
+    # the default job's small shop; WebShopConfig() alone is the 1,500-product one
+    assert len(make_env("webshop", **RunConfig().env_kwargs()).catalogue.products) == 50
+    assert len(make_env("webshop").catalogue.products) == 1500
 
 
 @pytest.mark.parametrize("over, field", [
@@ -39,16 +41,23 @@ def test_imperfect_demonstrator_setting_is_checked():
         run_config_from_dict({"sft": {"skip_options": 2}})
     with pytest.raises(ValueError, match="sft.skip_options is WebShop's"):
         run_config_from_dict({"env_type": "household", "sft": {"skip_options": 0.5}})
+    # unset: WebShop's default imperfect demonstrator, a perfect one elsewhere
+    assert RunConfig().expert_kwargs() == {"skip_options": 0.5}
+    assert run_config_from_dict({"sft": {"skip_options": 0.0}}).expert_kwargs() == {}
+    assert RunConfig(env_type="household").expert_kwargs() == {}
 
 
 def test_the_run_demonstrations_follow_the_sft_table():
     from tidejax.runtime.job import demonstrations
 
     table = {"webshop": {"catalogue": {"n_products": 50, "goals_per_product": 1}},
-             "sft": {"episodes": 40}}
+             "sft": {"episodes": 40, "skip_options": 0.0}}
     full = demonstrations(run_config_from_dict(table))
     assert len(full) == 40 and all(d.won for d in full)
     table["sft"]["skip_options"] = 0.5
     imperfect = demonstrations(run_config_from_dict(table))
     assert len(imperfect) == 40 and 0 < sum(d.won for d in imperfect) < 40
-    assert demonstrations(run_config_from_dict(table)) == imperfect  # seeded by the run seed
+    # seeded by the warm start's own seed, not the run's
+    assert demonstrations(run_config_from_dict(table | {"seed": 3})) == imperfect
+    assert demonstrations(run_config_from_dict(
+        table | {"sft": table["sft"] | {"seed": 3}})) != imperfect

@@ -19,11 +19,16 @@ from typing import Any
 
 from tidejax.envs.protocol import SPLITS
 from tidejax.envs.webshop import WebShopConfig
+from tidejax.envs.webshop_catalogue import CatalogueConfig
 from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
 from tidejax.runtime.config import RolloutConfig
 from tidejax.serving.config import EngineConfig
 
 SYSTEMS = ("sync", "async", "stream", "tide")
+# The default job's WebShop demonstrator buys without the instruction's options in half of
+# its demonstrations: the warm start then chooses options about half the time, and GRPO
+# has a decision to learn from the reward (WebShop's imitation agents fail the same way).
+WEBSHOP_SKIP_OPTIONS = 0.5
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
@@ -61,15 +66,20 @@ class SftConfig:
     devices: int = 2  # SFT mesh size: on fake CPU devices fewer shards run faster
     # WebShop: the share of demonstrations in which the expert buys without choosing the
     # instruction's options (partial reward), so imitation leaves RL something to learn.
-    skip_options: float = 0.0
+    # None: WEBSHOP_SKIP_OPTIONS for WebShop, a perfect demonstrator elsewhere.
+    skip_options: float | None = None
+    # The warm start's own seed (demonstration order, initial weights, batch order), apart
+    # from the run's: RL runs of different seeds start from one warm start, as they would
+    # from one pretrained or SFT checkpoint.
+    seed: int = 0
 
     def __post_init__(self):
-        for name in ("episodes", "steps", "batch_sequences", "devices"):
+        for name in ("episodes", "steps", "batch_sequences", "devices", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SftConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"SftConfig.lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.skip_options <= 1.0:
+        if self.skip_options is not None and not 0.0 <= self.skip_options <= 1.0:
             raise ValueError(f"SftConfig.skip_options must be in [0, 1], got {self.skip_options}")
 
 
@@ -95,14 +105,18 @@ class RunConfig:
     device_memory_gib: float | None = None
     seed: int = 0
     steps: int = 12
-    group_size: int = 4
+    group_size: int = 8
     batch_groups: int = 4  # B_ideal, groups per update
     min_batch_groups: int = 2  # B_min (tide's elastic batch)
     max_turns: int = 6
     eval_every: int = 6
-    eval_groups: int = 8  # distinct goals per evaluation
-    eval_split: str = "eval"  # held-out goals; "train" measures the goals GRPO trains on
-    eval_samples: int = 2  # episodes per goal (sampled at rollout.eval_temperature)
+    # The default job evaluates every goal it trains on (33 on its 50-product shop), 4
+    # samples each, at v0, the middle and the end: enough episodes that a gain of a few
+    # hundredths of reward stands out of the evaluation's own noise. "eval" (held-out
+    # goals) measures generalisation, which the tiny model does not reach (see README).
+    eval_groups: int = 33  # distinct goals per evaluation
+    eval_split: str = "train"  # "train": the goals GRPO trains on; "eval": held-out goals
+    eval_samples: int = 4  # episodes per goal (sampled at rollout.eval_temperature)
     checkpoint_every: int = 4
     keep_checkpoints: int = 3
     micro_batch_tokens: int = 6144
@@ -112,15 +126,24 @@ class RunConfig:
     long_tail_fraction: float = 0.25
     topology: TopologyConfig = TopologyConfig()
     # The shop (catalogue size, goals per product, observation mode) for env_type webshop;
-    # env servers given by env_servers must be started with the same settings.
-    webshop: WebShopConfig = WebShopConfig()
+    # env servers given by env_servers must be started with the same settings. The default
+    # job's shop is small enough for the tiny model to learn to navigate (50 products, one
+    # goal each: 33 training goals); WebShopConfig() alone is the 1,500-product shop.
+    webshop: WebShopConfig = WebShopConfig(catalogue=CatalogueConfig(n_products=50,
+                                                                     goals_per_product=1))
     # 256 pages x 16 tokens per rank: a few WebShop contexts, so KV memory is contended.
     engine: EngineConfig = EngineConfig(page_size=16, num_pages=256, max_slots=8,
                                         max_pages_per_seq=96, prefill_buckets=(256, 768))
     rollout: RolloutConfig = RolloutConfig(max_new_tokens=24)
-    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.01), optim=OptimConfig(
-        lr=1e-3, warmup_steps=2, total_steps=1000, clip_norm=1.0))
-    sft: SftConfig = SftConfig()
+    # Per-episode loss weights: a failed episode is longer, and token-mean would push the
+    # tokens it shares with successful ones down.
+    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.01, loss_agg="seq-mean-token-mean"),
+                            optim=OptimConfig(lr=2e-3, warmup_steps=2, total_steps=1000,
+                                              clip_norm=1.0))
+    # The default job's warm start: 2 demonstrations per training goal, trained to imitate
+    # them closely (tidejax/warm_starts/webshop-tiny ships it, built by
+    # scripts/build_warm_start.sh; a run with other SFT settings trains its own).
+    sft: SftConfig = SftConfig(episodes=66, steps=500, batch_sequences=4)
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -173,6 +196,13 @@ class RunConfig:
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def expert_kwargs(self) -> dict[str, Any]:
+        """The SFT demonstrator's keyword arguments (WebShop's imperfect share)."""
+        share = self.sft.skip_options
+        if share is None:
+            share = WEBSHOP_SKIP_OPTIONS if self.env_type == "webshop" else 0.0
+        return {"skip_options": share} if share else {}
 
     def env_kwargs(self) -> dict[str, Any]:
         """make_env keyword arguments for this run's env type."""

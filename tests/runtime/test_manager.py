@@ -24,7 +24,8 @@ def engine_config(num_pages=512):
                         prefill_buckets=(256, 768))
 
 
-async def run_groups(scheduler, n_groups=4, num_pages=512, faults=None, ranks=2, max_turns=3):
+async def run_groups(scheduler, n_groups=4, num_pages=512, faults=None, ranks=2, max_turns=3,
+                     **rollout_overrides):
     tok = tiny_tokenizer()
     factory = local_env_factory()
     if faults is not None:
@@ -34,8 +35,9 @@ async def run_groups(scheduler, n_groups=4, num_pages=512, faults=None, ranks=2,
     workers = {r: RolloutWorker(r, MockEngine(engine_config(num_pages), vocab_size=tok.vocab_size),
                                 pin_after_turn=scheduler == "ctb") for r in range(ranks)}
     buffer = GlobalBuffer(staleness_bound=8, micro_batch_tokens=4096)
-    cfg = RolloutConfig(scheduler=scheduler, max_new_tokens=8, batch_groups=n_groups,
-                        staleness_bound=8, max_task_attempts=2, retry_backoff_s=0.001)
+    cfg = RolloutConfig(**{"scheduler": scheduler, "max_new_tokens": 8, "batch_groups": n_groups,
+                           "staleness_bound": 8, "max_task_attempts": 2,
+                           "retry_backoff_s": 0.001, **rollout_overrides})
     manager = RolloutManager(cfg, workers, pool, tok, buffer, "webshop", max_seq_len=1536)
     tasks = make_tasks("webshop", "train", n_groups, GROUP, seed=0, max_turns=max_turns)
     manager.add_groups(tasks, GROUP)

@@ -75,8 +75,10 @@ def main(argv=None) -> None:
     import tempfile
 
     from tidejax.config import RunConfig
+    from tidejax.envs.webshop import WebShopConfig
 
-    tokenizer = build_tokenizer(RunConfig(), tempfile.mkdtemp(), demos)
+    # product-id tokens of the 1,500-product shop the demonstrations come from
+    tokenizer = build_tokenizer(RunConfig(webshop=WebShopConfig()), tempfile.mkdtemp(), demos)
     config = models.presets["tiny"].replace(vocab_size=2048)
     params = models.init_params(config, jax.random.key(args.seed))
     ec = EngineConfig(page_size=16, num_pages=args.num_pages, max_slots=8, max_pages_per_seq=96,

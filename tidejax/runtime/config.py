@@ -26,13 +26,20 @@ class RolloutConfig:
     max_task_attempts: int = 2  # env failures: restart a task this many times in total
     retry_backoff_s: float = 0.05
     probe_default_tokens: int = 512
+    # Dynamic sampling (DAPO, Yu et al. 2025, section 3.2): a training group whose rewards
+    # are all equal has zero GRPO advantage, so it is dropped before the buffer and its
+    # staleness-quota slot admits a new group. At most `dynamic_sampling_rounds` batches'
+    # worth of groups are sampled per trainer step; past that, such groups train as usual
+    # (a policy that always scores the same must not stall the trainer).
+    dynamic_sampling: bool = False
+    dynamic_sampling_rounds: int = 4
 
     def __post_init__(self):
         if self.scheduler not in ("ctb", "request"):
             raise ValueError(f"RolloutConfig.scheduler must be 'ctb' or 'request', "
                              f"got {self.scheduler!r}")
         for name in ("max_new_tokens", "env_capacity", "batch_groups", "max_task_attempts",
-                     "probe_default_tokens"):
+                     "probe_default_tokens", "dynamic_sampling_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.staleness_bound < 0:

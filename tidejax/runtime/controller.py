@@ -86,6 +86,7 @@ class StepRecord:
     mode: str
     partition: tuple[int, int, int]
     batch_groups: int
+    filtered_groups: int  # dynamic sampling: all-equal-reward groups dropped for this batch
     consumed_tokens: int
     train_reward: float
     train_success: float
@@ -262,6 +263,20 @@ class Controller:
     def _stopping(self) -> bool:
         return self.stop is not None and self.stop.requested
 
+    async def _sync_rollout(self, manager: RolloutManager) -> bool:
+        """Sync: generate one batch of groups and wait for all of it; with dynamic sampling,
+        refill the groups it dropped, for at most `dynamic_sampling_rounds` rounds. False if
+        a stop came first."""
+        rc, missing = self.rollout_config, self.cfg.batch_groups
+        for _ in range(rc.dynamic_sampling_rounds if rc.dynamic_sampling else 1):
+            manager.add_groups(self._train_tasks(missing), self.cfg.group_size)
+            if not await self._wait_idle_or_stop(manager):
+                return False
+            missing = self.cfg.batch_groups - len(self.buffer)
+            if missing <= 0:
+                break
+        return True
+
     async def _wait_idle_or_stop(self, manager: RolloutManager) -> bool:
         """Wait for the rollout phase to finish; False if a stop came first."""
         idle = asyncio.ensure_future(manager.wait_idle())
@@ -331,8 +346,7 @@ class Controller:
                 step_start = time.perf_counter()
                 busy_before = {r: w.stats.busy_s for r, w in manager.workers.items()}
                 if self.system == "sync":
-                    manager.add_groups(self._train_tasks(cfg.batch_groups), cfg.group_size)
-                    if not await self._wait_idle_or_stop(manager):
+                    if not await self._sync_rollout(manager):
                         break  # abandon the step: nothing was trained yet
                 else:
                     self._top_up(manager)
@@ -353,6 +367,7 @@ class Controller:
                 twt = time.perf_counter() - wait_start if self.system != "sync" else (
                     time.perf_counter() - step_start)
                 groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
+                filtered = manager.filtered_since_consumed
                 manager.consumed(len(groups))
                 # what wait_for/take dropped as stale
                 self._stale_in_step += return_stale_slots(self.buffer, manager)
@@ -408,7 +423,8 @@ class Controller:
                     partition=(partition.rollout, partition.ref, partition.actor)
                     if self.system != "sync" else (len(self.devices), 0,
                                                    len(self._roles(partition)[2])),
-                    batch_groups=len(groups), consumed_tokens=consumed,
+                    batch_groups=len(groups), filtered_groups=filtered,
+                    consumed_tokens=consumed,
                     train_reward=float(np.mean([t.reward for t in trajectories]))
                     if trajectories else 0.0,
                     train_success=self._success(payloads), twt_s=twt, rwt_s=rwt,
@@ -443,6 +459,7 @@ class Controller:
             generated_tokens=generated, dropped_tokens=dropped, kv_hit_rate=manager.hit_rate(),
             twt_s=sum(r.twt_s for r in self.records), rwt_s=sum(r.rwt_s for r in self.records),
             eval={v: {k: x for k, x in dataclasses.asdict(t).items() if k != "transcripts"}
+                  | {"reward": t.reward, "reward_se": t.reward_se}
                   for v, t in manager.eval_tallies.items()},
             records=self.records, counters=dict(manager.counters),
             dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state,
@@ -514,11 +531,10 @@ class Controller:
         tally = manager.eval_tallies.get(version)
         if tally is None or not tally.episodes:
             return
-        values = {"version": version, "episodes": tally.episodes,
-                  "reward": tally.reward_sum / tally.episodes,
-                  "success": tally.wins / tally.episodes}
-        log.info("eval v%d: success %.3f reward %.3f over %d episodes", version,
-                 values["success"], values["reward"], tally.episodes)
+        values = {"version": version, "episodes": tally.episodes, "reward": tally.reward,
+                  "reward_se": tally.reward_se, "success": tally.wins / tally.episodes}
+        log.info("eval v%d: success %.3f reward %.3f (se %.3f) over %d episodes", version,
+                 values["success"], values["reward"], values["reward_se"], tally.episodes)
         if self.writer:
             self.writer.write(step, "eval", values)
             for transcript in tally.transcripts:  # what the policy did, for reading

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ from tidejax.envs.policies import action_format
 from tidejax.metrics import MetricsWriter, TraceRecorder, format_eta
 from tidejax.models.hf import read_config
 from tidejax.models.tokenizer import check_matches_model
-from tidejax.runtime import layout
+from tidejax.runtime import layout, shipped
 from tidejax.runtime.controller import Controller, RunSummary, StepRecord
 from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action, open_episode
 from tidejax.runtime.sft import sft_warm_start
@@ -80,10 +81,9 @@ def demo_episode_tokens(tokenizer, env_type: str, demos) -> list[EpisodeTokens]:
 
 def demonstrations(cfg: RunConfig):
     """The run's SFT demonstrations: `sft.episodes` expert episodes on training goals, from
-    the imperfect demonstrator when `sft.skip_options` is set."""
-    expert_kwargs = {"skip_options": cfg.sft.skip_options} if cfg.sft.skip_options else {}
-    return expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.seed,
-                                 env_kwargs=cfg.env_kwargs(), expert_kwargs=expert_kwargs)
+    the imperfect demonstrator when `sft.skip_options` (or its WebShop default) is set."""
+    return expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.sft.seed,
+                                 env_kwargs=cfg.env_kwargs(), expert_kwargs=cfg.expert_kwargs())
 
 
 def make_pool(cfg: RunConfig) -> EnvPool:
@@ -108,6 +108,9 @@ def save_plots(records: list[StepRecord], evals: dict, path: str) -> None:
     axes[0].plot(steps, [r.train_success for r in records], label="train success")
     if evals:
         versions = sorted(evals)
+        axes[0].errorbar(versions, [evals[v]["reward"] for v in versions],
+                         yerr=[2 * evals[v]["reward_se"] for v in versions], fmt="s-",
+                         capsize=3, label="eval reward (±2 se)")
         axes[0].plot(versions, [evals[v]["wins"] / max(1, evals[v]["episodes"])
                                 for v in versions], "o-", label="eval success")
     axes[0].set_xlabel("step")
@@ -127,7 +130,23 @@ def save_plots(records: list[StepRecord], evals: dict, path: str) -> None:
 def summary_dict(summary: RunSummary) -> dict:
     out = {k: v for k, v in dataclasses.asdict(summary).items() if k not in ("records", "state")}
     out["eval_success"] = {v: t["wins"] / max(1, t["episodes"]) for v, t in summary.eval.items()}
+    out["learning"] = eval_gain(summary.eval)
     return out
+
+
+def eval_gain(evals: dict[int, dict]) -> dict:
+    """The first and last evaluation's mean reward, their standard errors, and the gain
+    with its standard error (the two evaluations' errors added in quadrature: conservative,
+    since common sampling seeds make them positively correlated)."""
+    if not evals:
+        return {}
+    first, last = evals[min(evals)], evals[max(evals)]
+    gain_se = math.sqrt(first["reward_se"] ** 2 + last["reward_se"] ** 2)
+    return {"first_version": min(evals), "last_version": max(evals),
+            "first_reward": first["reward"], "first_reward_se": first["reward_se"],
+            "last_reward": last["reward"], "last_reward_se": last["reward_se"],
+            "reward_gain": last["reward"] - first["reward"], "reward_gain_se": gain_se,
+            "first_episodes": first["episodes"], "last_episodes": last["episodes"]}
 
 
 # ---------------------------------------------------------------------------- main
@@ -148,6 +167,7 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     """Tokenizer, model config and SFT-warm-started params (both cached in `cache_dir`);
     returns them with the seconds the warm start took."""
     sft_cache = os.path.join(cache_dir, "sft_params.npz")
+    shipped.install(cfg, cache_dir)
     tokenizer_given = bool(cfg.tokenizer_path or cfg.hf_path
                            or os.path.exists(os.path.join(cache_dir, "tokenizer.json")))
     # Demonstrations feed only what is not cached yet (thousands of them in larger configs).
@@ -159,12 +179,15 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     else:
         model_config = model_config_of(cfg)
         params = models.init_params(model_config.replace(dtype="float32"),
-                                    jax.random.key(cfg.seed))
+                                    jax.random.key(cfg.sft.seed))
     check_matches_model(tokenizer, model_config.vocab_size)
     t0 = time.perf_counter()
     params = sft_warm_start(cfg, model_config, params,
                             demo_episode_tokens(tokenizer, cfg.env_type, demos),
                             devices, sft_cache, writer, stop)
+    if os.path.exists(sft_cache) and not os.path.exists(
+            os.path.join(cache_dir, shipped.FINGERPRINT_FILE)):
+        shipped.write_fingerprint(cfg, cache_dir)
     return tokenizer, model_config, params, time.perf_counter() - t0
 
 
@@ -201,7 +224,7 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     except BaseException:
         writer.close()
         raise
-    ref_identity = {"source": cfg.hf_path or f"{cfg.preset}+sft", "seed": cfg.seed,
+    ref_identity = {"source": cfg.hf_path or f"{cfg.preset}+sft", "seed": cfg.sft.seed,
                     "sft_steps": cfg.sft.steps}
 
     def checkpoint(step, state, controller, rollout):

@@ -13,7 +13,9 @@ Concurrency (all on one asyncio loop, the controller's):
   KV is released to the engine's LRU cache, which is what loses it during env waits.
 - When all G tasks of a group end, rewards become GRPO advantages and the group goes to the
   `GlobalBuffer` (training) or to the evaluation tally (evaluation). A group with a task
-  that failed for good is dropped whole, with its reason: never trained half-done.
+  that failed for good is dropped whole, with its reason: never trained half-done. With
+  dynamic sampling a group whose rewards are all equal is dropped too (`zero_variance`)
+  and its quota slot goes back, so the controller's top-up admits a new group.
 - Sampling is reproducible: a turn's seed is a hash of (run seed, task id, turn, attempt),
   never drawn in completion order, so the same tasks give the same tokens whatever the
   timing, the rank or the batch they share. Training task ids carry the data cursor, so
@@ -33,6 +35,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Sequence
 
@@ -124,8 +127,26 @@ class EvalTally:
     groups: int = 0
     episodes: int = 0
     reward_sum: float = 0.0
+    reward_sq_sum: float = 0.0
     wins: int = 0
     transcripts: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def reward(self) -> float:
+        return self.reward_sum / self.episodes if self.episodes else float("nan")
+
+    @property
+    def reward_se(self) -> float:
+        """Standard error of the mean episode reward (sample std / sqrt(episodes))."""
+        return reward_standard_error(self.reward_sum, self.reward_sq_sum, self.episodes)
+
+
+def reward_standard_error(total: float, total_sq: float, n: int) -> float:
+    """Standard error of a mean from the sum and the sum of squares of `n` samples."""
+    if n < 2:
+        return float("nan")
+    variance = max(0.0, (total_sq - total * total / n) / (n - 1))
+    return math.sqrt(variance / n)
 
 
 class RolloutManager:
@@ -155,7 +176,8 @@ class RolloutManager:
         self.eval_tallies: dict[int, EvalTally] = {}
         self.counters = dict(turns=0, prompt_tokens=0, cached_tokens=0, generated_tokens=0,
                              task_failures=0, task_retries=0, groups_dropped=0, groups_ready=0,
-                             pauses=0, resumes=0, rehomed=0)
+                             groups_filtered=0, pauses=0, resumes=0, rehomed=0)
+        self.filtered_since_consumed = 0  # dynamic sampling's drops in the current step
         self.dropped_tasks: list[tuple[str, str]] = []  # (task_id, reason)
         self._round_robin = itertools.count()
         self._idle = asyncio.Event()
@@ -185,6 +207,7 @@ class RolloutManager:
     def consumed(self, n_groups: int) -> None:
         """The trainer took `n_groups` training groups: they leave the staleness quota."""
         self.outstanding_groups = max(0, self.outstanding_groups - n_groups)
+        self.filtered_since_consumed = 0
         self.schedule()
 
     def inflight_training_groups(self) -> list[tuple[list[Task], bool]]:
@@ -555,6 +578,7 @@ class RolloutManager:
                 if t.state == "done":
                     tally.episodes += 1
                     tally.reward_sum += t.reward
+                    tally.reward_sq_sum += t.reward * t.reward
                     tally.wins += int(t.won)
                     tally.transcripts.append({"task_id": t.task.task_id, "reward": t.reward,
                                               "won": t.won, "end": t.end,
@@ -573,6 +597,13 @@ class RolloutManager:
                        reward=t.reward, group_id=group.uid)
             for t in group.tasks]
         rewards = np.asarray([t.reward for t in trajectories], np.float32)
+        if self._filters_out(rewards):
+            self.counters["groups_filtered"] += 1
+            self.filtered_since_consumed += 1
+            self.outstanding_groups = max(0, self.outstanding_groups - 1)  # a new group refills
+            self.buffer.drop(group.group_id, "zero_variance", generated)
+            self.schedule()
+            return
         adv, keep = compute_advantages(rewards, np.zeros(len(rewards), np.int32),
                                        self.advantage_config)
         payload = GroupPayload(trajectories, np.asarray(adv, np.float32).tolist(),
@@ -584,6 +615,16 @@ class RolloutManager:
             generated_tokens=generated,
             total_tokens=sum(len(t) for t in trajectories),
             min_version=min(t.episode.min_generated_version() for t in group.tasks)))
+
+    def _filters_out(self, rewards: np.ndarray) -> bool:
+        """Dynamic sampling: drop this all-equal-reward group, within the step's budget."""
+        cfg = self.config
+        # the same test as the advantage's zero-variance filter (rl.advantages)
+        tol = self.advantage_config.zero_variance_tol
+        if not cfg.dynamic_sampling or float(np.std(rewards)) > tol:
+            return False
+        budget = (cfg.dynamic_sampling_rounds - 1) * cfg.batch_groups
+        return self.filtered_since_consumed < budget
 
     def hit_rate(self) -> float:
         c = self.counters

@@ -98,8 +98,8 @@ def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, 
     n = sft_mesh_size(cfg, model_config, devices)
     # The last devices: where the actor mesh starts (rollout ranks take the first ones).
     trainer = make_trainer(model_config, rl, make_mesh(list(devices[-n:]), fsdp=-1))
-    state = trainer.init_state(cfg.seed, params)
-    rng = np.random.default_rng(cfg.seed)
+    state = trainer.init_state(cfg.sft.seed, params)
+    rng = np.random.default_rng(cfg.sft.seed)
     step, loss = 0, float("nan")
     start = time.perf_counter()
     while step < cfg.sft.steps:
