@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import re
 import threading
 import typing
 from collections.abc import Callable, Mapping
@@ -203,11 +204,26 @@ def build_env_config(config_class: type, settings: Mapping[str, Any], path: str 
             value = build_env_config(hint, value, f"{path}.{key}")  # type: ignore[arg-type]
         elif isinstance(value, list):
             value = tuple(value)
+        _check_scalar(hint, value, f"{path}.{key}")
         kwargs[key] = value
     try:
         return config_class(**kwargs)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
+        # Name the field when the class's own check names exactly one of them.
+        named = [f for f in fields if re.search(rf"\b{re.escape(f)}\b", str(e))]
+        where = f"{path}.{named[0]}" if len(named) == 1 else path
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _check_scalar(hint: Any, value: Any, path: str) -> None:
+    """A str/int/float/bool field must get one (TOML and JSON carry these types exactly)."""
+    if hint not in (str, int, float, bool):
+        return
+    ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ValueError(f"{path} must be a {hint.__name__}, got {value!r}")
 
 
 def env_settings(env_type: str, settings: Mapping[str, Any] | None) -> dict[str, Any]:
