@@ -63,6 +63,8 @@ class SftConfig:
     # WebShop: the share of demonstrations in which the expert buys without choosing the
     # instruction's options (partial reward), so imitation leaves RL something to learn.
     skip_options: float = 0.0
+    # A JSONL file of chat-message demonstrations to imitate instead of the env's expert.
+    demonstrations: str | None = None
 
     def __post_init__(self):
         for name in ("episodes", "steps", "batch_sequences", "devices"):
@@ -72,6 +74,8 @@ class SftConfig:
             raise ValueError(f"SftConfig.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.skip_options <= 1.0:
             raise ValueError(f"SftConfig.skip_options must be in [0, 1], got {self.skip_options}")
+        if self.demonstrations is not None and not os.path.isfile(self.demonstrations):
+            raise ValueError(f"SftConfig.demonstrations: no such file {self.demonstrations!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,5 +311,9 @@ def absolute_path(path: str) -> str:
 def resolve_paths(cfg: RunConfig) -> RunConfig:
     """The config with every path field absolute (relative ones are read against the
     working directory, as on the command line), so no later chdir or library changes them."""
-    return cfg.replace(**{name: absolute_path(getattr(cfg, name)) for name in PATH_FIELDS
-                          if getattr(cfg, name)})
+    cfg = cfg.replace(**{name: absolute_path(getattr(cfg, name)) for name in PATH_FIELDS
+                         if getattr(cfg, name)})
+    if cfg.sft.demonstrations:
+        cfg = cfg.replace(sft=dataclasses.replace(
+            cfg.sft, demonstrations=absolute_path(cfg.sft.demonstrations)))
+    return cfg

@@ -329,3 +329,37 @@ def test_a_diverging_replay_restarts_the_task_nothing_lost_or_duplicated():
     assert len(restarted) == 1
     text = tok.decode(list(restarted[0].tokens))
     assert text.count("Room ") == 1  # one episode: the restarted one, not a spliced replay
+
+
+# ------------------------------------------------------------------ demonstrations file
+def test_sft_demonstrations_from_a_jsonl_file_of_chat_messages(tmp_path):
+    from tidejax.models.testing import tiny_tokenizer
+    from tidejax.runtime.job import demo_episode_tokens, demonstrations
+
+    good = tmp_path / "demos.jsonl"
+    rows = [{"messages": [{"role": "system", "content": "ignored"},
+                          {"role": "user", "content": "The word is apple."},
+                          {"role": "assistant", "content": "say[river]"},
+                          {"role": "user", "content": "Try again."},
+                          {"role": "assistant", "content": "say[apple]"}]},
+            {"messages": [{"role": "user", "content": "The word is stone."},
+                          {"role": "assistant", "content": "say[stone]"},
+                          {"role": "user", "content": "Correct."}]}]
+    good.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = run_config_from_dict({"env_type": ECHO, "sft": {"demonstrations": str(good)}})
+    demos = demonstrations(cfg)
+    assert [d.turns for d in demos] == [
+        (("The word is apple.", "say[river]"), ("Try again.", "say[apple]")),
+        (("The word is stone.", "say[stone]"),)]
+    tok = tiny_tokenizer()
+    episodes = demo_episode_tokens(tok, ECHO, demos)
+    trained = [t for t, m in zip(episodes[1].tokens, episodes[1].loss_mask) if m]
+    assert tok.decode(trained) == "say[stone]"  # only the action is learned
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[1]) + "\n" + json.dumps(
+        {"messages": [{"role": "assistant", "content": "say[x]"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: messages\[0\] is an assistant"):
+        demonstrations(run_config_from_dict({"env_type": ECHO,
+                                             "sft": {"demonstrations": str(bad)}}))
+    with pytest.raises(ValueError, match=r"SftConfig\.demonstrations: no such file"):
+        run_config_from_dict({"sft": {"demonstrations": str(tmp_path / "none.jsonl")}})

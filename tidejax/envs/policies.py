@@ -118,6 +118,62 @@ def expert_demonstrations(
     return out
 
 
+DEMO_ROLES = ("system", "user", "tool", "assistant")
+
+
+def read_demonstrations(path: str, env_type: str) -> list[Episode]:
+    """Episodes from a JSONL file, one demonstration a line, in the chat-messages shape:
+
+        {"messages": [{"role": "user", "content": "<first observation>"},
+                      {"role": "assistant", "content": "<action>"},
+                      {"role": "user" | "tool", "content": "<next observation>"}, ...]}
+
+    Each assistant message is an action taken after the observations before it. System
+    messages are skipped: the job's prompt is the env's own, as in its rollouts. A
+    trailing observation is dropped (nothing was learned from it). A bad line raises
+    ValueError naming the file, the line and the problem.
+    """
+    import json
+
+    episodes = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{where}: not JSON: {e}") from None
+            messages = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(messages, list):
+                raise ValueError(f'{where}: expected an object with a "messages" list')
+            turns, pending = [], []
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or m.get("role") not in DEMO_ROLES:
+                    raise ValueError(f"{where}: messages[{i}].role must be one of {DEMO_ROLES}")
+                if not isinstance(m.get("content"), str):
+                    raise ValueError(f"{where}: messages[{i}].content must be a string")
+                if m["role"] == "system":
+                    continue
+                if m["role"] != "assistant":
+                    pending.append(m["content"])
+                    continue
+                if not pending:
+                    raise ValueError(f"{where}: messages[{i}] is an assistant message with no "
+                                     f"observation before it")
+                turns.append(("\n".join(pending), m["content"]))
+                pending = []
+            if not turns:
+                raise ValueError(f"{where}: no assistant message (no action to learn)")
+            name = f"demo-file-{number}"
+            task = Task(name, name, "train", env_type, number, max(len(turns), 1))
+            episodes.append(Episode(task, "", tuple(turns), 0.0, False, False))
+    if not episodes:
+        raise ValueError(f"{path}: no demonstrations")
+    return episodes
+
+
 def env_texts(
     env_type: str,
     n: int,

@@ -21,7 +21,7 @@ from tidejax.checkpoint import CheckpointError, Checkpointer
 from tidejax.config import RunConfig
 from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations, local_env_factory
 from tidejax.envs.latency import LatencyModel
-from tidejax.envs.policies import action_format, env_texts
+from tidejax.envs.policies import action_format, env_texts, read_demonstrations
 from tidejax.envs.registry import get_spec
 from tidejax.metrics import MetricsWriter, TraceRecorder, format_eta
 from tidejax.models.hf import read_config
@@ -87,7 +87,10 @@ def demo_episode_tokens(tokenizer, env_type: str, demos) -> list[EpisodeTokens]:
 def demonstrations(cfg: RunConfig):
     """The run's SFT demonstrations: `sft.episodes` expert episodes on training goals, from
     the imperfect demonstrator when `sft.skip_options` is set; none for an env without an
-    expert (the warm start then skips SFT)."""
+    expert (the warm start then skips SFT). `sft.demonstrations` names a JSONL file of
+    chat messages to imitate instead."""
+    if cfg.sft.demonstrations:
+        return read_demonstrations(cfg.sft.demonstrations, cfg.env_type)
     if get_spec(cfg.env_type).expert is None:
         if cfg.sft.steps:
             log.info("env type %s declares no expert: SFT warm start skipped", cfg.env_type)
