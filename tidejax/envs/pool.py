@@ -61,6 +61,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
 
+from tidejax.envs.actions import ACTION_ERRORS
 from tidejax.envs.client import RemoteEnvFactory
 from tidejax.envs.latency import LatencyModel
 from tidejax.envs.protocol import (
@@ -126,6 +127,10 @@ class PoolStats:
     unknown_task: int = 0
     replay_diverged: int = 0  # rebuilt envs whose replay disagreed with what was seen
     action_too_long: int = 0  # actions refused for length (their tasks ended)
+    # Actions an env's parser could not read (the model got an error observation).
+    malformed: int = 0
+    unknown_tool: int = 0
+    bad_arguments: int = 0
     finished_tasks: int = 0  # tasks whose episode ended normally
     latency_s: float = 0.0  # simulated latency waited, summed over calls
     peak_in_flight: int = 0
@@ -375,6 +380,8 @@ class EnvPool:
                 obs, reward, terminated, truncated, info = value
                 rec.actions.append(action)
                 rec.seen.append(_fingerprint(obs, terminated, truncated))
+                if info.get("action_error") in ACTION_ERRORS:
+                    self._count(info["action_error"])
                 if terminated or truncated:
                     self._count("finished_tasks")
                     self._forget(rec, close=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import importlib.metadata
 import re
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tidejax.envs.actions import ParsedActionEnv, Tool, get_action_parser
 from tidejax.envs.latency_spec import LatencySpec
 from tidejax.envs.protocol import SPLITS, Policy, Task, TextEnv
 
@@ -157,6 +159,10 @@ def spec_from_class(name: str, cls: type) -> EnvSpec:
       `cls(config_class(**settings))`, else as `cls(**settings)`
     - `expert(env) -> Policy`: a staticmethod/classmethod making a scripted expert
     - `latency`: a LatencySpec for simulated latency (default none)
+    - `tools`: the functions the model may call (`actions.Tool`s or OpenAI-style dicts);
+      they are listed in the system prompt and imply `action_parser = "tool_call"`
+    - `action_parser`: "raw" (default), "bracket", "tool_call" or a registered name; the
+      env's step then receives the parsed action (a `ToolCall` for tool calls)
     """
     for method in ("reset", "step"):
         if not callable(getattr(cls, method, None)):
@@ -169,10 +175,26 @@ def spec_from_class(name: str, cls: type) -> EnvSpec:
     if config_class is not None and not dataclasses.is_dataclass(config_class):
         raise ValueError(f"env type {name!r}: config_class must be a dataclass")
 
+    try:
+        tools = tuple(Tool.of(t) for t in getattr(cls, "tools", None) or ())
+        parser_name = getattr(cls, "action_parser", "tool_call" if tools else "raw")
+        parser = get_action_parser(parser_name)
+    except ValueError as e:
+        raise ValueError(f"env type {name!r}: {e}") from None
+    prompt = str(getattr(cls, "action_format", ""))
+    if tools:  # the model must see the tools it may call
+        listed = "\n".join(json.dumps({"name": t.name, "description": t.description,
+                                        "parameters": dict(t.parameters)}) for t in tools)
+        prompt = f"{prompt}\n\n# Tools\n{listed}".lstrip()
+
     def factory(**settings: Any) -> TextEnv:
         if config_class is not None:
-            return cls(build_env_config(config_class, settings))
-        return cls(**settings)
+            env = cls(build_env_config(config_class, settings))
+        else:
+            env = cls(**settings)
+        if parser_name == "raw":
+            return env
+        return ParsedActionEnv(env, parser, tools)
 
     max_turns = getattr(cls, "max_turns", 10)
     if not isinstance(max_turns, int) or isinstance(max_turns, bool):
@@ -180,7 +202,7 @@ def spec_from_class(name: str, cls: type) -> EnvSpec:
     latency = getattr(cls, "latency", None) or LatencySpec(median_s=0.0, p99_s=0.0)
     return EnvSpec(name=name, factory=factory, default_max_turns=max_turns,
                    split_sizes=dict(sizes), latency=latency,
-                   action_format=str(getattr(cls, "action_format", "")),
+                   action_format=prompt,
                    expert=getattr(cls, "expert", None), config_class=config_class)
 
 
