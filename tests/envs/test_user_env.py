@@ -122,6 +122,23 @@ def test_pool_passes_the_task_seed_on_every_reset_and_limits_actions_alike():
     assert len({t.seed for t in tasks}) == 3
 
 
+def test_max_open_episodes_caps_open_episodes_not_just_calls():
+    async def run():
+        async with EnvPool(PoolConfig(capacity=16, max_open_episodes=2)) as pool:
+            async def episode(i):
+                first = await pool.reset(echo_task(goal_index=i, seed=0, task_id=f"m{i}"))
+                await asyncio.sleep(0.01)  # the episode stays open between calls
+                word = first.obs.rsplit(" ", 1)[-1].rstrip(".")
+                return await pool.step(f"m{i}", f"say[{word}]")
+
+            results = await asyncio.gather(*(episode(i) for i in range(6)))
+            return results, pool.stats
+
+    results, stats = asyncio.run(run())
+    assert all(r.ok and r.reward == 1.0 for r in results)  # all six ran, two at a time
+    assert stats.peak_open_episodes == 2 and stats.resets == 6
+
+
 # ------------------------------------------------------------------ the job, end to end
 @pytest.fixture
 def relative_run_dir():
@@ -135,6 +152,7 @@ def test_job_cli_trains_on_a_user_env_named_in_the_config(tmp_path, relative_run
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(f'env_type = "{ECHO}"\n'
                    f'tokenizer_vocab = 300\n'
+                   f'[rollout]\nenv_max_open_episodes = 3\n'
                    f'[env]\ngreeting = "Echo, please."\ntrace_path = "{trace}"\n')
     cmd = [sys.executable, "-m", "tidejax.experiments.webshop", "--config", str(cfg), "--quick",
            "--devices", "4", "--out", relative_run_dir, "--no-progress"]
@@ -150,7 +168,10 @@ def test_job_cli_trains_on_a_user_env_named_in_the_config(tmp_path, relative_run
         assert json.load(f)["env_type"] == ECHO
     with open(os.path.join(out, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    assert [r["step"] for r in records if r["kind"] == "step"] == [1, 2]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["env/replay_diverged"] == 0 and r["env/resets"] > 0 for r in steps)
+    assert all(r["env/peak_open_episodes"] <= 3 for r in steps)  # the [rollout] cap
     assert [r for r in records if r["kind"] == "eval_episode"]
     assert os.path.exists(os.path.join(out, "tokenizer.json"))  # trained on the env's text
     assert not os.path.exists(os.path.join(out, "sft_params.npz"))  # no expert: no SFT

@@ -102,7 +102,8 @@ def demonstrations(cfg: RunConfig):
 
 def make_pool(cfg: RunConfig) -> EnvPool:
     latency = LatencyModel.default(time_scale=cfg.env_time_scale, seed=cfg.seed)
-    pool_cfg = PoolConfig(capacity=cfg.rollout.env_capacity)
+    pool_cfg = PoolConfig(capacity=cfg.rollout.env_capacity,
+                          max_open_episodes=cfg.rollout.env_max_open_episodes)
     if cfg.env_servers:
         return EnvPool(pool_cfg, addresses=list(cfg.env_servers), latency=latency)
     return EnvPool(pool_cfg, latency=latency,
