@@ -384,3 +384,25 @@ def test_sft_demonstrations_from_a_jsonl_file_of_chat_messages(tmp_path):
                                              "sft": {"demonstrations": str(bad)}}))
     with pytest.raises(ValueError, match=r"SftConfig\.demonstrations: no such file"):
         run_config_from_dict({"sft": {"demonstrations": str(tmp_path / "none.jsonl")}})
+
+
+# ------------------------------------------------------------------ installed plugins
+def test_an_installed_plugin_is_found_by_its_entry_point_name(tmp_path, monkeypatch):
+    """A distribution declaring `[tidejax.envs] echo-plugin = test_user_env:EchoEnv`
+    (here a bare .dist-info folder on sys.path, which is what pip installs)."""
+    dist = tmp_path / "echo_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[tidejax.envs]\necho-plugin = {ECHO}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(HERE)
+    from tidejax.envs import plugin_names
+
+    assert "echo-plugin" in plugin_names()
+    spec = get_spec("echo-plugin")
+    assert spec.name == "echo-plugin" and spec.split_sizes["train"] == 40
+    cfg = run_config_from_dict({"env_type": "echo-plugin", "env": {"greeting": "Hi."}})
+    task = make_tasks(cfg.env_type, "train", 1, 2, seed=0)[0]
+    env = make_env(cfg.env_type, **cfg.env_kwargs())
+    obs, _ = env.reset(seed=task.reset_seed, options={"task": task})
+    assert obs.startswith("Hi. The word is ")
