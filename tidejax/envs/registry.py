@@ -125,6 +125,9 @@ def _resolve(env_type: str) -> EnvSpec:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"env type {env_type!r}: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # the user's module failed while importing: say so, keep the cause
+        raise ValueError(f"env type {env_type!r}: importing {module_name!r} raised "
+                         f"{type(e).__name__}: {e}") from e
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
