@@ -406,3 +406,41 @@ def test_an_installed_plugin_is_found_by_its_entry_point_name(tmp_path, monkeypa
     env = make_env(cfg.env_type, **cfg.env_kwargs())
     obs, _ = env.reset(seed=task.reset_seed, options={"task": task})
     assert obs.startswith("Hi. The word is ")
+
+
+# ------------------------------------------------------------------ env reuse
+class CountedEnv(SteadyEnv):
+    """SteadyEnv that counts instances built and closed (class-level, for the test)."""
+
+    built = 0
+    closed = 0
+
+    def __init__(self):
+        super().__init__()
+        CountedEnv.built += 1
+
+    def close(self):
+        CountedEnv.closed += 1
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_reuse_envs_keeps_finished_envs_in_a_free_list(reuse):
+    name = f"{__name__}:CountedEnv"
+    CountedEnv.built = CountedEnv.closed = 0
+    FAIL_FIRST_STEP.add("u3")
+
+    async def run():
+        async with EnvPool(PoolConfig(max_retries=1, reuse_envs=reuse, workers=1)) as pool:
+            for i in range(5):  # one after another: one env serves all when reused
+                result = await pool.reset(Task(f"u{i}", f"g{i}", "train", name, 0, 2))
+                while not result.done:
+                    result = await pool.step(f"u{i}", "look")
+                assert result.ok and result.obs == "Turn 2."
+            return pool.stats
+
+    stats = asyncio.run(run())
+    assert CountedEnv.closed == CountedEnv.built  # none leaked, the free list included
+    if reuse:  # u3's env raised: it is closed, never reused; its replay took a new one
+        assert CountedEnv.built == 2 and stats.reused_envs == 4 and stats.recovered == 1
+    else:  # a fresh env per reset and per replay
+        assert CountedEnv.built == 6 and stats.reused_envs == 0

@@ -91,6 +91,12 @@ class PoolConfig:
     max_action_chars: int = MAX_ACTION_CHARS
     # Episodes open at once (reset to finish or release); None: only `capacity` limits.
     max_open_episodes: int | None = None
+    # Keep envs whose episode ended normally in a free list per env type and reset them for
+    # later tasks and replays, instead of building one per reset (for envs slow to build,
+    # e.g. JVM-backed ones). The contract: `reset` must fully re-initialise the env. An env
+    # that faulted is closed, never reused. `workers=1` runs all env code on one thread
+    # (plus a replacement only when a call hangs), for libraries that are not thread-safe.
+    reuse_envs: bool = False
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -135,6 +141,7 @@ class PoolStats:
     latency_s: float = 0.0  # simulated latency waited, summed over calls
     peak_in_flight: int = 0
     peak_open_episodes: int = 0
+    reused_envs: int = 0  # resets served by an env from the free list (reuse_envs)
 
     @property
     def faults(self) -> int:
@@ -275,6 +282,7 @@ class EnvPool:
         episodes = self.config.max_open_episodes
         self._episode_slots = asyncio.Semaphore(episodes) if episodes is not None else None
         self._open_episodes = 0
+        self._free_envs: dict[str, list[TextEnv]] = {}  # reuse_envs: idle envs per env type
         self._tasks: dict[str, _TaskRecord] = {}
         self._counts: dict[str, float] = dataclasses.asdict(PoolStats())
         self._in_flight = 0
@@ -384,7 +392,7 @@ class EnvPool:
                     self._count(info["action_error"])
                 if terminated or truncated:
                     self._count("finished_tasks")
-                    self._forget(rec, close=True)
+                    self._forget(rec, close=not self._keep_env(rec))
                 return StepResult(
                     rec.task.task_id, obs, reward, terminated, truncated, info,
                     latency_s=latency, attempts=attempt + 1, faults=tuple(faults),
@@ -407,6 +415,10 @@ class EnvPool:
         for task_id in list(self._tasks):
             await self.release(task_id)
         self._closed = True
+        for envs in self._free_envs.values():
+            for env in envs:
+                self._workers.submit(_quiet(env.close))
+        self._free_envs.clear()
         self._workers.shutdown()
 
     async def __aenter__(self) -> Self:
@@ -457,6 +469,15 @@ class EnvPool:
         self._counts["peak_open_episodes"] = max(self._counts["peak_open_episodes"],
                                                  self._open_episodes)
 
+    def _keep_env(self, rec: _TaskRecord) -> bool:
+        """With reuse_envs, a cleanly finished task's env goes to the free list."""
+        env = rec.env
+        if not self.config.reuse_envs or env is None or rec.abandoned or self._closed:
+            return False
+        self._free_envs.setdefault(rec.task.env_type, []).append(env)
+        rec.env = None
+        return True
+
     def _forget(self, rec: _TaskRecord, close: bool) -> None:
         if self._tasks.get(rec.task.task_id) is rec:
             del self._tasks[rec.task.task_id]
@@ -477,12 +498,18 @@ class EnvPool:
         rec.abandoned = False
 
     async def _open(self, rec: _TaskRecord) -> tuple[str | None, Any, float]:
-        """Makes a fresh env for the task and resets it; sets rec.env on success."""
+        """Makes a fresh env (or, with reuse_envs, takes an idle one) for the task and
+        resets it; sets rec.env on success."""
         holder: list[TextEnv] = []
         task, max_chars = rec.task, self.config.max_obs_chars
 
+        free = self._free_envs.get(task.env_type)
+        reused = free.pop() if free else None
+        if reused is not None:
+            self._count("reused_envs")
+
         def open_env() -> tuple[str, dict[str, Any]]:
-            env = self.env_factory(task)
+            env = reused if reused is not None else self.env_factory(task)
             holder.append(env)
             return validate_reset(env.reset(seed=task.reset_seed, options={"task": task}),
                                   max_chars)
@@ -491,7 +518,13 @@ class EnvPool:
             for env in holder:
                 env.close()
 
-        err, value, lat = await self._call(rec, open_env, reset=True, on_abandoned=close_late)
+        try:
+            err, value, lat = await self._call(rec, open_env, reset=True,
+                                               on_abandoned=close_late)
+        except asyncio.CancelledError:
+            if reused is not None and not holder:  # it never ran: close the idle env here
+                self._workers.submit(_quiet(reused.close))
+            raise
         if err is None:
             rec.env = holder[0]
         elif holder and not rec.abandoned:
