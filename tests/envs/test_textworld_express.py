@@ -12,7 +12,8 @@ if shutil.which("java") is None:
     pytest.skip("TextWorld-Express needs a Java runtime", allow_module_level=True)
 
 from tidejax.config import run_config_from_dict  # noqa: E402
-from tidejax.envs import EnvPool, PoolConfig, get_spec, make_env, make_expert, make_tasks  # noqa: E402
+from tidejax.envs import (EnvPool, PoolConfig, get_spec, make_env, make_expert,  # noqa: E402
+                          make_tasks)
 from tidejax.envs import textworld_express as twx  # noqa: E402
 
 NAME = "tidejax.envs.textworld_express:TextWorldExpressEnv"
