@@ -444,3 +444,20 @@ def test_reuse_envs_keeps_finished_envs_in_a_free_list(reuse):
         assert CountedEnv.built == 2 and stats.reused_envs == 4 and stats.recovered == 1
     else:  # a fresh env per reset and per replay
         assert CountedEnv.built == 6 and stats.reused_envs == 0
+
+
+def test_server_resolves_class_names_per_request_only_when_allowed():
+    from tidejax.envs import EnvServer, ServerConfig
+
+    task = Task("a0", "g0", "train", f"{__name__}:EchoEnv", 0, 3, seed=1)
+
+    async def reset_on(server):
+        async with EnvPool(PoolConfig(max_retries=0), addresses=[server.address]) as pool:
+            return await pool.reset(task)
+
+    with EnvServer(ServerConfig(port=0)) as server:  # started without --env
+        refused = asyncio.run(reset_on(server))
+    with EnvServer(ServerConfig(port=0, allow_import=True)) as server:
+        allowed = asyncio.run(reset_on(server))
+    assert refused.error == "exception" and "--allow-import" in refused.info["detail"]
+    assert allowed.ok and allowed.obs.endswith("The word is river.")
