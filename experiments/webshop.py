@@ -3,6 +3,11 @@
     python -m tidejax.experiments.webshop                 # tiny model, 8 fake CPU devices
     python -m tidejax.experiments.webshop --system sync   # the same job on a baseline
     python -m tidejax.experiments.webshop --resume        # continue runs/webshop/<name>
+    python -m tidejax.experiments.webshop --env-type my_pkg.envs:MyEnv  # a user's env
+
+Any env type runs here: a built-in name, an installed plugin (entry-point group
+`tidejax.envs`) or "package.module:Class"; its settings come from the config file's
+`[env]` table (or --env-settings JSON). An env without an expert skips SFT.
 
 Stages: a byte-level BPE trained on the env's text (cached in the run directory), a short
 SFT warm start on expert demonstrations (cached), an evaluation of the warm start, then
@@ -55,17 +60,32 @@ QUICK_PRESET = {"steps": 2, "eval_every": 2, "eval_groups": 2, "eval_samples": 1
 def flag_overrides(args) -> dict:
     """The RunConfig fields set explicitly on the command line."""
     over: dict = {}
-    for key in ("system", "preset", "hf_path", "tokenizer_path", "seed", "steps"):
+    for key in ("system", "preset", "hf_path", "tokenizer_path", "seed", "steps", "env_type"):
         value = getattr(args, key)
         if value is not None:
             over[key] = value
     if args.env_servers:
         over["env_servers"] = [s for s in args.env_servers.split(",") if s]
+    if args.env_settings is not None:
+        over["env"] = env_settings_flag(args.env_settings)
     if args.devices is not None:
         over["topology"] = {"devices": args.devices}
     if args.sft_steps is not None:
         over["sft"] = {"steps": args.sft_steps}
     return over
+
+
+def env_settings_flag(text: str) -> dict:
+    """--env-settings: a JSON object, the `[env]` table given on the command line."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--env-settings is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--env-settings must be a JSON object, e.g. '{\"size\": 5}'")
+    return value
 
 
 def config_from_args(args) -> RunConfig:
@@ -123,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf-path", dest="hf_path", help="HF Qwen2 checkpoint directory")
     parser.add_argument("--tokenizer", dest="tokenizer_path", help="tokenizer.json path")
     parser.add_argument("--devices", type=int, help="devices to use (CPU: fake device count)")
+    parser.add_argument("--env-type", dest="env_type",
+                        help="env: webshop, household, a plugin or 'package.module:Class'")
+    parser.add_argument("--env-settings", dest="env_settings",
+                        help="JSON object of the env's settings (the config's [env] table)")
     parser.add_argument("--env-servers", help="comma-separated env server addresses host:port")
     parser.add_argument("--config", help="JSON or TOML file of RunConfig overrides")
     parser.add_argument("--seed", type=int)
@@ -151,7 +175,11 @@ def main(argv=None) -> None:
                         handlers=[CurrentStderrHandler()], force=True)
     logging.getLogger("tidejax").setLevel(logging.INFO)
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets itself to DEBUG
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except (ValueError, FileNotFoundError) as e:  # a bad field or env: named, no traceback
+        print(f"tidejax: bad config: {e}", file=sys.stderr)
+        sys.exit(2)
     stop = StopRequest().install()
     if args.distributed:
         import jax

@@ -18,6 +18,7 @@ import typing
 from typing import Any
 
 from tidejax.envs.protocol import SPLITS
+from tidejax.envs.registry import env_settings, get_spec
 from tidejax.envs.webshop import WebShopConfig
 from tidejax.envs.webshop_catalogue import CatalogueConfig
 from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
@@ -72,6 +73,8 @@ class SftConfig:
     # from the run's: RL runs of different seeds start from one warm start, as they would
     # from one pretrained or SFT checkpoint.
     seed: int = 0
+    # A JSONL file of chat-message demonstrations to imitate instead of the env's expert.
+    demonstrations: str | None = None
 
     def __post_init__(self):
         for name in ("episodes", "steps", "batch_sequences", "devices", "seed"):
@@ -81,6 +84,8 @@ class SftConfig:
             raise ValueError(f"SftConfig.lr must be > 0, got {self.lr}")
         if self.skip_options is not None and not 0.0 <= self.skip_options <= 1.0:
             raise ValueError(f"SftConfig.skip_options must be in [0, 1], got {self.skip_options}")
+        if self.demonstrations is not None and not os.path.isfile(self.demonstrations):
+            raise ValueError(f"SftConfig.demonstrations: no such file {self.demonstrations!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +136,9 @@ class RunConfig:
     # goal each: 33 training goals); WebShopConfig() alone is the 1,500-product shop.
     webshop: WebShopConfig = WebShopConfig(catalogue=CatalogueConfig(n_products=50,
                                                                      goals_per_product=1))
+    # The env's own settings (a free `[env]` table), checked at load by the env's config
+    # dataclass when it declares one; for webshop they override `webshop` field by field.
+    env: dict[str, Any] = dataclasses.field(default_factory=dict)
     # 256 pages x 16 tokens per rank: a few WebShop contexts, so KV memory is contended.
     engine: EngineConfig = EngineConfig(page_size=16, num_pages=256, max_slots=8,
                                         max_pages_per_seq=96, prefill_buckets=(256, 768))
@@ -188,6 +196,7 @@ class RunConfig:
         if self.micro_batch_tokens < self.row_len:
             raise ValueError(f"RunConfig.micro_batch_tokens ({self.micro_batch_tokens}) must be "
                              f">= row_len ({self.row_len})")
+        self._check_env()
         if self.sft.skip_options and self.env_type != "webshop":
             raise ValueError(f"sft.skip_options is WebShop's; env_type is {self.env_type!r}")
         if self.rollout.batch_groups != self.batch_groups:
@@ -204,9 +213,26 @@ class RunConfig:
             share = WEBSHOP_SKIP_OPTIONS if self.env_type == "webshop" else 0.0
         return {"skip_options": share} if share else {}
 
+    def _check_env(self) -> None:
+        """env_type must resolve (built-in, plugin or "module:Class") and `[env]` must suit
+        it: both fail at load, naming the field."""
+        if not isinstance(self.env, dict):
+            raise ValueError(f"RunConfig.env must be a table, got {type(self.env).__name__}")
+        try:
+            get_spec(self.env_type)
+        except ValueError as e:
+            raise ValueError(f"RunConfig.env_type: {e}") from None
+        try:
+            env_settings(self.env_type, self.env_kwargs())
+        except ValueError as e:  # the message names the field, e.g. env.catalogue.n_products
+            raise ValueError(f"RunConfig.env: {e}") from None
+
     def env_kwargs(self) -> dict[str, Any]:
-        """make_env keyword arguments for this run's env type."""
-        return {"webshop": dataclasses.asdict(self.webshop)}.get(self.env_type, {})
+        """make_env keyword arguments for this run's env type: the `[env]` table (for
+        webshop, on top of the `webshop` settings)."""
+        if self.env_type == "webshop":
+            return layer_overrides(dataclasses.asdict(self.webshop), self.env)
+        return dict(self.env)
 
 
 def _build(cls, data: Any, path: str):
@@ -250,11 +276,17 @@ def _as_dict(obj) -> dict:
     return out
 
 
+FREE_TABLES = ("env",)  # RunConfig tables whose keys RunConfig does not know
+
+
 def _merge(base: dict, over: dict, path: str) -> dict:
     if not isinstance(over, dict):
         raise ValueError(f"{path or 'config'} must be a table/object")
     out = dict(base)
     for key, value in over.items():
+        if not path and key in FREE_TABLES:  # the env's settings: its own config checks them
+            out[key] = layer_overrides(base[key], value) if isinstance(value, dict) else value
+            continue
         if key not in base:
             raise ValueError(f"unknown config field {path + '.' if path else ''}{key}")
         if isinstance(base[key], dict) and isinstance(value, dict):
@@ -309,5 +341,9 @@ def absolute_path(path: str) -> str:
 def resolve_paths(cfg: RunConfig) -> RunConfig:
     """The config with every path field absolute (relative ones are read against the
     working directory, as on the command line), so no later chdir or library changes them."""
-    return cfg.replace(**{name: absolute_path(getattr(cfg, name)) for name in PATH_FIELDS
-                          if getattr(cfg, name)})
+    cfg = cfg.replace(**{name: absolute_path(getattr(cfg, name)) for name in PATH_FIELDS
+                         if getattr(cfg, name)})
+    if cfg.sft.demonstrations:
+        cfg = cfg.replace(sft=dataclasses.replace(
+            cfg.sft, demonstrations=absolute_path(cfg.sft.demonstrations)))
+    return cfg

@@ -1,13 +1,15 @@
 """Env benchmark: steps/s in process and through an env server, expert success rates.
 
-    python -m tidejax.bench.envs [--episodes N] [--quick]
+    python -m tidejax.bench.envs [--episodes N] [--quick] [--env NAME ...]
 
 Prints one line per measurement and ends with
 `expert_success=<fraction> local_steps_per_s=<n> server_steps_per_s=<n>`, where
 expert_success is the WebShop expert on the WebShop test split (goals 0-499, as in
 WebShop), local steps/s is the random policy on WebShop envs in this process, and
 server steps/s is the same workload through an EnvPool (16 in flight, no simulated
-latency) against a server in a child process. A benchmark, not a timed test.
+latency) against a server in a child process. Each `--env NAME` (a built-in, a plugin
+or "package.module:Class") adds the same lines for that env, before the last one.
+A benchmark, not a timed test.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ async def _pool_run(pool: EnvPool, tasks: list[Task]) -> int:
 
 
 def server_steps_per_s(env_type: str, n_episodes: int, concurrency: int = 16) -> float:
-    cmd = [sys.executable, "-m", "tidejax.envs.server", "--host", "127.0.0.1", "--port", "0"]
+    cmd = [sys.executable, "-m", "tidejax.envs.server", "--host", "127.0.0.1", "--port", "0",
+           "--env", env_type]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
@@ -139,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--episodes", type=int, default=300, help="random episodes per throughput run")
     p.add_argument("--quick", action="store_true", help="fewer episodes (a smoke run)")
+    p.add_argument("--env", action="append", default=[], dest="envs", metavar="NAME",
+                   help="also measure this env type (built-in, plugin or 'module:Class')")
     args = p.parse_args(argv)
     n = 40 if args.quick else args.episodes
+    for name in args.envs:  # an unknown name fails before any measurement
+        get_spec(name)
 
     t0 = time.perf_counter()
     get_catalogue()
@@ -164,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         "faulty pool (20% faults, max_retries=3): "
         + " ".join(f"{k}={v}" for k, v in faults.items())
     )
+
+    for name in args.envs:
+        if get_spec(name).expert is not None:
+            won, turns = expert_success(name, "test", 200)
+            print(f"{name} expert: success={won:.3f} mean_turns={turns:.1f}")
+        print(f"{name} local: {local_steps_per_s(name, n):.0f} steps/s (random policy)")
+        print(f"{name} via server: {server_steps_per_s(name, n):.0f} steps/s (EnvPool)")
 
     last = f"expert_success={ws_success:.3f} local_steps_per_s={local:.0f}"
     print(f"{last} server_steps_per_s={server:.0f}")

@@ -5,6 +5,14 @@ Importing this package does not build any catalogue; envs build (and cache) thei
 first use. It imports the built-in envs, which registers them (see `registry`).
 """
 
+from tidejax.envs.actions import (
+    ActionError,
+    ParsedActionEnv,
+    Tool,
+    ToolCall,
+    get_action_parser,
+    register_action_parser,
+)
 from tidejax.envs.client import RemoteEnv, RemoteEnvError, RemoteEnvFactory
 from tidejax.envs.faults import FaultConfig, FaultInjector, InjectedFault
 from tidejax.envs.household import HouseholdConfig, HouseholdEnv, HouseholdExpert, HouseholdGoal
@@ -28,7 +36,17 @@ from tidejax.envs.protocol import (
     Task,
     TextEnv,
 )
-from tidejax.envs.registry import EnvSpec, env_types, get_spec, make_env, make_tasks, register
+from tidejax.envs.registry import (
+    EnvSpec,
+    env_settings,
+    env_types,
+    get_spec,
+    make_env,
+    make_tasks,
+    plugin_names,
+    register,
+    spec_from_class,
+)
 from tidejax.envs.server import EnvServer, ServerConfig
 from tidejax.envs.webshop import WebShopConfig, WebShopEnv, WebShopExpert, parse_action
 from tidejax.envs.webshop_catalogue import (
@@ -41,6 +59,12 @@ from tidejax.envs.webshop_catalogue import (
 from tidejax.envs.webshop_reward import RewardBreakdown, webshop_reward
 
 __all__ = [
+    "ActionError",
+    "ParsedActionEnv",
+    "Tool",
+    "ToolCall",
+    "get_action_parser",
+    "register_action_parser",
     "HOUSEHOLD_LATENCY",
     "WEBSHOP_LATENCY",
     "Catalogue",
@@ -78,7 +102,10 @@ __all__ = [
     "WebShopExpert",
     "action_format",
     "available_actions_text",
+    "env_settings",
     "env_types",
+    "plugin_names",
+    "spec_from_class",
     "expert_demonstrations",
     "format_prompt",
     "get_catalogue",

@@ -89,6 +89,9 @@ def request(
         raise MalformedObservation(f"server sent non-JSON ({len(data)} bytes)") from None
     if not isinstance(obj, dict):
         raise MalformedObservation("server sent JSON that is not an object")
+    if resp.status >= 400 and obj.get("error") == "malformed_observation":
+        # The server checked the env's answer with the same limits a local pool uses.
+        raise MalformedObservation(f"server: {obj.get('message', '')}")
     if resp.status >= 400:
         raise RemoteEnvError(resp.status, str(obj.get("message", obj)))
     return obj

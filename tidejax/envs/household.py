@@ -508,5 +508,6 @@ register(
         latency=HOUSEHOLD_LATENCY,
         action_format=ACTION_FORMAT,
         expert=HouseholdExpert,
+        config_class=HouseholdConfig,
     )
 )

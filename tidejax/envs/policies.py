@@ -40,7 +40,10 @@ class RandomPolicy:
 
 
 def make_expert(env: TextEnv, env_type: str, **expert_kwargs: Any) -> Policy:
-    return get_spec(env_type).expert(env, **expert_kwargs)
+    expert = get_spec(env_type).expert
+    if expert is None:
+        raise ValueError(f"env type {env_type!r} declares no expert")
+    return expert(env, **expert_kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Episode:
 
 
 def run_episode(env: TextEnv, policy: Policy, task: Task) -> Episode:
-    obs, info = env.reset(options={"task": task})
+    obs, info = env.reset(seed=task.reset_seed, options={"task": task})
     turns: list[tuple[str, str]] = []
     reward, terminated, truncated = 0.0, False, False
     instruction = str(info.get("instruction", ""))
@@ -91,7 +94,7 @@ def expert_demonstrations(
     """
     spec = get_spec(env_type)
     env = make_env(env_type, **(env_kwargs or {}))
-    expert = spec.expert(env, **(expert_kwargs or {}))
+    expert = make_expert(env, env_type, **(expert_kwargs or {}))
     order = np.random.default_rng(seed).permutation(spec.sizes(env_kwargs)[split])
     out: list[Episode] = []
     while len(out) < n:
@@ -113,6 +116,91 @@ def expert_demonstrations(
         if len(out) == before:
             break
     return out
+
+
+DEMO_ROLES = ("system", "user", "tool", "assistant")
+
+
+def read_demonstrations(path: str, env_type: str) -> list[Episode]:
+    """Episodes from a JSONL file, one demonstration a line, in the chat-messages shape:
+
+        {"messages": [{"role": "user", "content": "<first observation>"},
+                      {"role": "assistant", "content": "<action>"},
+                      {"role": "user" | "tool", "content": "<next observation>"}, ...]}
+
+    Each assistant message is an action taken after the observations before it. System
+    messages are skipped: the job's prompt is the env's own, as in its rollouts. A
+    trailing observation is dropped (nothing was learned from it). A bad line raises
+    ValueError naming the file, the line and the problem.
+    """
+    import json
+
+    episodes = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{where}: not JSON: {e}") from None
+            messages = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(messages, list):
+                raise ValueError(f'{where}: expected an object with a "messages" list')
+            turns, pending = [], []
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or m.get("role") not in DEMO_ROLES:
+                    raise ValueError(f"{where}: messages[{i}].role must be one of {DEMO_ROLES}")
+                if not isinstance(m.get("content"), str):
+                    raise ValueError(f"{where}: messages[{i}].content must be a string")
+                if m["role"] == "system":
+                    continue
+                if m["role"] != "assistant":
+                    pending.append(m["content"])
+                    continue
+                if not pending:
+                    raise ValueError(f"{where}: messages[{i}] is an assistant message with no "
+                                     f"observation before it")
+                turns.append(("\n".join(pending), m["content"]))
+                pending = []
+            if not turns:
+                raise ValueError(f"{where}: no assistant message (no action to learn)")
+            name = f"demo-file-{number}"
+            task = Task(name, name, "train", env_type, number, max(len(turns), 1))
+            episodes.append(Episode(task, "", tuple(turns), 0.0, False, False))
+    if not episodes:
+        raise ValueError(f"{path}: no demonstrations")
+    return episodes
+
+
+def env_texts(
+    env_type: str,
+    n: int,
+    seed: int,
+    *,
+    split: str = "train",
+    env_kwargs: dict[str, Any] | None = None,
+) -> list[str]:
+    """Text the env itself writes, for a tokenizer when there is no expert to imitate: its
+    action format and the first observations of up to `n` goals of `split`, seeded."""
+    spec = get_spec(env_type)
+    env = make_env(env_type, **(env_kwargs or {}))
+    size = spec.sizes(env_kwargs)[split]
+    order = np.random.default_rng(seed).permutation(size)[:n]
+    texts = [spec.action_format] if spec.action_format else []
+    try:
+        for goal_index in order:
+            name = f"text-{env_type}-{split}-{int(goal_index)}"
+            task = Task(task_id=name, group_id=name, split=split,  # type: ignore[arg-type]
+                        env_type=env_type, goal_index=int(goal_index),
+                        max_turns=spec.default_max_turns)
+            obs, info = env.reset(seed=task.reset_seed, options={"task": task})
+            texts.append(obs)
+            texts += [str(a) for a in info.get("admissible_actions") or []]
+    finally:
+        env.close()
+    return texts
 
 
 def action_format(env_type: str) -> str:

@@ -6,7 +6,9 @@
 
 Concurrency
 -----------
-Three parties meet here.
+Three parties meet here (and a fourth limit: with `max_open_episodes` set, a reset
+waits for one of that many episode slots, held until the task ends or is released, so
+an env that is expensive to keep open is never opened more often than that at once).
 
 1. The caller's event loop (the rollout runtime). Many coroutines, one per live task,
    await `reset` / `step` at once. All pool bookkeeping (task records, counters) runs
@@ -29,9 +31,15 @@ An exception, a timeout or a malformed observation is counted in `pool.stats` an
 isolated to its task. The task's env is dropped; with `max_retries` > 0 the pool builds
 a fresh env (possibly on another server) and replays the task's reset and accepted
 actions, which reproduces its state because envs are deterministic given the task,
-then retries the step (`max_retries`, default 1, bounds the rebuilds per call). When
-retries run out the caller gets a final StepResult with `error` set and `truncated`
-True. Nothing an env does raises out of the pool.
+then retries the step (`max_retries`, default 1, bounds the rebuilds per call). Every
+reset gets the task's seed (`Task.reset_seed`), replays included. A replay is checked
+against what the caller saw: a fingerprint of each observation (and end flags) is kept,
+and a rebuilt env that answers differently ends the task with error "replay_diverged"
+(counted) instead of carrying on from a state the model never saw; the caller restarts
+the task from scratch. When retries run out the caller gets a final StepResult with
+`error` set and `truncated` True. An action over `max_action_chars` ends its task with
+"action_too_long" before reaching the env, local or remote alike. Nothing an env does
+raises out of the pool.
 
 Latency is simulated here, in the pool, for local and remote envs alike; pass
 `latency=None` when a remote cluster's real latency is the one wanted.
@@ -47,14 +55,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
 
+from tidejax.envs.actions import ACTION_ERRORS
 from tidejax.envs.client import RemoteEnvFactory
 from tidejax.envs.latency import LatencyModel
 from tidejax.envs.protocol import (
+    MAX_ACTION_CHARS,
+    MAX_OBS_CHARS,
     MalformedObservation,
     StepResult,
     Task,
@@ -75,7 +87,16 @@ class PoolConfig:
     reset_timeout_s: float = 60.0
     max_retries: int = 1  # fresh-env replays per failed call; 0 fails the task at once
     workers: int = 8  # threads running env code (more start when calls hang)
-    max_obs_chars: int = 200_000
+    max_obs_chars: int = MAX_OBS_CHARS
+    max_action_chars: int = MAX_ACTION_CHARS
+    # Episodes open at once (reset to finish or release); None: only `capacity` limits.
+    max_open_episodes: int | None = None
+    # Keep envs whose episode ended normally in a free list per env type and reset them for
+    # later tasks and replays, instead of building one per reset (for envs slow to build,
+    # e.g. JVM-backed ones). The contract: `reset` must fully re-initialise the env. An env
+    # that faulted is closed, never reused. `workers=1` runs all env code on one thread
+    # (plus a replacement only when a call hangs), for libraries that are not thread-safe.
+    reuse_envs: bool = False
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -90,6 +111,11 @@ class PoolConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.max_obs_chars < 1:
             raise ValueError(f"max_obs_chars must be >= 1, got {self.max_obs_chars}")
+        if self.max_action_chars < 1:
+            raise ValueError(f"max_action_chars must be >= 1, got {self.max_action_chars}")
+        if self.max_open_episodes is not None and self.max_open_episodes < 1:
+            raise ValueError(f"max_open_episodes must be >= 1 or None, "
+                             f"got {self.max_open_episodes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +131,17 @@ class PoolStats:
     recovered: int = 0  # reset/step calls that succeeded after a fault
     failed_tasks: int = 0  # tasks ended by a fault
     unknown_task: int = 0
+    replay_diverged: int = 0  # rebuilt envs whose replay disagreed with what was seen
+    action_too_long: int = 0  # actions refused for length (their tasks ended)
+    # Actions an env's parser could not read (the model got an error observation).
+    malformed: int = 0
+    unknown_tool: int = 0
+    bad_arguments: int = 0
     finished_tasks: int = 0  # tasks whose episode ended normally
     latency_s: float = 0.0  # simulated latency waited, summed over calls
     peak_in_flight: int = 0
+    peak_open_episodes: int = 0
+    reused_envs: int = 0  # resets served by an env from the free list (reuse_envs)
 
     @property
     def faults(self) -> int:
@@ -206,6 +240,9 @@ class _TaskRecord:
     lock: asyncio.Lock
     env: TextEnv | None = None
     actions: list[str] = dataclasses.field(default_factory=list)
+    # A fingerprint of each answer the caller saw (reset, then each step): replays must match.
+    seen: list[bytes] = dataclasses.field(default_factory=list)
+    holds_episode_slot: bool = False
     calls: int = 0  # numbers latency draws
     abandoned: bool = False  # the last call was left to a stuck thread, which closes its env
 
@@ -242,6 +279,10 @@ class EnvPool:
         self.latency = latency
         self._workers = _Workers(self.config.workers)
         self._slots = asyncio.Semaphore(self.config.capacity)
+        episodes = self.config.max_open_episodes
+        self._episode_slots = asyncio.Semaphore(episodes) if episodes is not None else None
+        self._open_episodes = 0
+        self._free_envs: dict[str, list[TextEnv]] = {}  # reuse_envs: idle envs per env type
         self._tasks: dict[str, _TaskRecord] = {}
         self._counts: dict[str, float] = dataclasses.asdict(PoolStats())
         self._in_flight = 0
@@ -272,6 +313,7 @@ class EnvPool:
         self._tasks[task.task_id] = rec
         async with rec.lock:
             with self._forget_if_cancelled(rec):
+                await self._take_episode_slot(rec)
                 return await self._reset_locked(rec)
 
     async def _reset_locked(self, rec: _TaskRecord) -> StepResult:
@@ -287,6 +329,7 @@ class EnvPool:
                 if faults:
                     self._count("recovered")
                 obs, info = value
+                rec.seen = [_fingerprint(obs)]
                 return StepResult(
                     rec.task.task_id, obs, info=info, latency_s=latency,
                     attempts=attempt + 1, faults=tuple(faults),
@@ -305,6 +348,11 @@ class EnvPool:
                 task_id, "", truncated=True, error="unknown_task",
                 info={"detail": "task was never reset, has finished, or was released"},
             )  # fmt: skip
+        if len(action) > self.config.max_action_chars:
+            async with rec.lock:
+                self._count("action_too_long")
+                detail = f"action of {len(action)} chars > {self.config.max_action_chars}"
+                return self._fail(rec, ["action_too_long"], detail, 0.0)
         async with rec.lock:
             with self._drop_env_if_cancelled(rec):
                 return await self._step_locked(rec, action)
@@ -319,6 +367,9 @@ class EnvPool:
             if rec.env is None:  # a previous attempt failed (or was cancelled): replay
                 err, detail, lat = await self._rebuild(rec)
                 latency += lat
+                if err == "replay_diverged":  # another replay would not mend it
+                    faults.append(err)
+                    break
                 if err is not None:
                     faults.append(err)
                     continue
@@ -336,9 +387,12 @@ class EnvPool:
                     self._count("recovered")
                 obs, reward, terminated, truncated, info = value
                 rec.actions.append(action)
+                rec.seen.append(_fingerprint(obs, terminated, truncated))
+                if info.get("action_error") in ACTION_ERRORS:
+                    self._count(info["action_error"])
                 if terminated or truncated:
                     self._count("finished_tasks")
-                    self._forget(rec, close=True)
+                    self._forget(rec, close=not self._keep_env(rec))
                 return StepResult(
                     rec.task.task_id, obs, reward, terminated, truncated, info,
                     latency_s=latency, attempts=attempt + 1, faults=tuple(faults),
@@ -361,6 +415,10 @@ class EnvPool:
         for task_id in list(self._tasks):
             await self.release(task_id)
         self._closed = True
+        for envs in self._free_envs.values():
+            for env in envs:
+                self._workers.submit(_quiet(env.close))
+        self._free_envs.clear()
         self._workers.shutdown()
 
     async def __aenter__(self) -> Self:
@@ -401,9 +459,33 @@ class EnvPool:
             attempts=len(faults), faults=tuple(faults),
         )  # fmt: skip
 
+    async def _take_episode_slot(self, rec: _TaskRecord) -> None:
+        """Waits for an episode slot (with max_open_episodes); the task holds it until
+        it is forgotten."""
+        if self._episode_slots is not None:
+            await self._episode_slots.acquire()
+        rec.holds_episode_slot = True
+        self._open_episodes += 1
+        self._counts["peak_open_episodes"] = max(self._counts["peak_open_episodes"],
+                                                 self._open_episodes)
+
+    def _keep_env(self, rec: _TaskRecord) -> bool:
+        """With reuse_envs, a cleanly finished task's env goes to the free list."""
+        env = rec.env
+        if not self.config.reuse_envs or env is None or rec.abandoned or self._closed:
+            return False
+        self._free_envs.setdefault(rec.task.env_type, []).append(env)
+        rec.env = None
+        return True
+
     def _forget(self, rec: _TaskRecord, close: bool) -> None:
         if self._tasks.get(rec.task.task_id) is rec:
             del self._tasks[rec.task.task_id]
+        if rec.holds_episode_slot:
+            rec.holds_episode_slot = False
+            self._open_episodes -= 1
+            if self._episode_slots is not None:
+                self._episode_slots.release()
         if close:
             self._drop_env(rec)
 
@@ -416,20 +498,33 @@ class EnvPool:
         rec.abandoned = False
 
     async def _open(self, rec: _TaskRecord) -> tuple[str | None, Any, float]:
-        """Makes a fresh env for the task and resets it; sets rec.env on success."""
+        """Makes a fresh env (or, with reuse_envs, takes an idle one) for the task and
+        resets it; sets rec.env on success."""
         holder: list[TextEnv] = []
         task, max_chars = rec.task, self.config.max_obs_chars
 
+        free = self._free_envs.get(task.env_type)
+        reused = free.pop() if free else None
+        if reused is not None:
+            self._count("reused_envs")
+
         def open_env() -> tuple[str, dict[str, Any]]:
-            env = self.env_factory(task)
+            env = reused if reused is not None else self.env_factory(task)
             holder.append(env)
-            return validate_reset(env.reset(options={"task": task}), max_chars)
+            return validate_reset(env.reset(seed=task.reset_seed, options={"task": task}),
+                                  max_chars)
 
         def close_late() -> None:
             for env in holder:
                 env.close()
 
-        err, value, lat = await self._call(rec, open_env, reset=True, on_abandoned=close_late)
+        try:
+            err, value, lat = await self._call(rec, open_env, reset=True,
+                                               on_abandoned=close_late)
+        except asyncio.CancelledError:
+            if reused is not None and not holder:  # it never ran: close the idle env here
+                self._workers.submit(_quiet(reused.close))
+            raise
         if err is None:
             rec.env = holder[0]
         elif holder and not rec.abandoned:
@@ -438,11 +533,14 @@ class EnvPool:
         return err, value, lat
 
     async def _rebuild(self, rec: _TaskRecord) -> tuple[str | None, Any, float]:
-        """A fresh env brought to the task's current state by replaying its actions."""
+        """A fresh env brought to the task's current state by replaying its actions, each
+        answer checked against the one the caller saw ("replay_diverged" if not)."""
         err, value, latency = await self._open(rec)
         if err is not None:
             return err, value, latency
-        for action in rec.actions:
+        if _fingerprint(value[0]) != rec.seen[0]:
+            return self._diverged(rec, "reset", latency)
+        for i, action in enumerate(rec.actions, start=1):
             env = rec.env
             assert env is not None
             err, value, lat = await self._call(
@@ -457,7 +555,18 @@ class EnvPool:
             if err is not None:
                 self._drop_env(rec)
                 return err, value, latency
+            obs, _, terminated, truncated, _ = value
+            if _fingerprint(obs, terminated, truncated) != rec.seen[i]:
+                return self._diverged(rec, f"step {i}", latency)
         return None, None, latency
+
+    def _diverged(self, rec: _TaskRecord, where: str, latency: float) -> tuple[str, str, float]:
+        self._drop_env(rec)
+        self._count("replay_diverged")
+        detail = (f"replaying {len(rec.actions)} actions on a fresh env gave a different "
+                  f"answer at {where} than the one seen: the env is not deterministic given "
+                  f"the task and seed; restart the task")
+        return "replay_diverged", detail, latency
 
     async def _call(
         self,
@@ -515,6 +624,12 @@ class EnvPool:
     def _fault(self, reason: str, detail: str, latency: float) -> tuple[str, str, float]:
         self._count(reason)
         return reason, detail, latency
+
+
+def _fingerprint(obs: str, terminated: bool = False, truncated: bool = False) -> bytes:
+    """What a replay must reproduce of one answer, kept small (observations can be long)."""
+    data = f"{int(terminated)}{int(truncated)}".encode() + obs.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _quiet(fn: Callable[[], Any]) -> Callable[[], None]:

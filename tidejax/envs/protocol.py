@@ -16,10 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Split = Literal["train", "eval", "test"]
 SPLITS: tuple[str, ...] = ("train", "eval", "test")
+
+# Limits every env path enforces alike (the pool for local and remote envs, the server):
+# an action longer than this is refused before it reaches an env, an observation longer
+# than this is a malformed observation.
+MAX_ACTION_CHARS = 4096
+MAX_OBS_CHARS = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,9 @@ class Task:
     goal_index: int
     max_turns: int
     kind: str = "normal"
+    # Passed to every reset of this task, replays included (None: the pool derives one
+    # from group_id, so a GRPO group's members start from the same state).
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not self.task_id or not isinstance(self.task_id, str):
@@ -54,6 +64,16 @@ class Task:
             raise ValueError(f"max_turns must be an int >= 1, got {self.max_turns!r}")
         if not self.kind or not isinstance(self.kind, str):
             raise ValueError(f"kind must be a non-empty string, got {self.kind!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+
+    @property
+    def reset_seed(self) -> int:
+        """The seed every reset of this task gets: `seed`, else a stable hash of group_id."""
+        if self.seed is not None:
+            return self.seed
+        return zlib.crc32(self.group_id.encode())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,8 +127,8 @@ class StepResult:
 
     `error` is None when the env answered normally. Otherwise it names why the task
     ended ("exception", "timeout", "malformed_observation", "unknown_task",
-    "episode_over"); such a result is final (`truncated` is True) and `info["detail"]`
-    says more.
+    "episode_over", "replay_diverged", "action_too_long"); such a result is final
+    (`truncated` is True) and `info["detail"]` says more.
     """
 
     task_id: str

@@ -1,20 +1,33 @@
 """A registry of env types by name, and GRPO task groups built from it.
 
-An env module registers its type when it is imported. The built-in types ("webshop",
-"household") are imported by the `tidejax.envs` package, which Python runs before any
-of its submodules (this one included), so both are registered before code outside the
-package can reach the registry. This module imports no env: each env imports it.
+An env type is named in one of three ways, and every place that takes a name (the job's
+config and CLI, the env server, the benches) accepts all three:
+
+- a built-in name ("webshop", "household"): the env module registers its type when it is
+  imported, and the `tidejax.envs` package imports the built-ins;
+- an installed plugin: a distribution declares an entry point in the group `tidejax.envs`
+  (`myenv = "mypkg.envs:MyEnv"`), loaded the first time its name is asked for;
+- "package.module:Class": the module is imported and the class read on first use.
+
+A class (plugin or "module:Class") declares what the runtime needs as class attributes,
+all optional but `split_sizes`; see `spec_from_class`. This module imports no env.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
+import importlib.metadata
+import re
 import threading
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from tidejax.envs.actions import ParsedActionEnv, Tool, get_action_parser
 from tidejax.envs.latency_spec import LatencySpec
 from tidejax.envs.protocol import SPLITS, Policy, Task, TextEnv
 
@@ -29,10 +42,14 @@ class EnvSpec:
     split_sizes: Mapping[str, int]  # goals per split for the default env config
     latency: LatencySpec
     action_format: str  # prompt text describing the actions a model may write
-    # expert(env, **kwargs) -> a policy that reads that env's state
-    expert: Callable[..., Policy]
+    # expert(env, **kwargs) -> a policy that reads that env's state; None: no expert (the
+    # job then skips SFT and trains its tokenizer on the env's own text)
+    expert: Callable[..., Policy] | None = None
     # Goals per split for factory(**kwargs); None when kwargs never change the splits.
     split_sizes_for: Callable[..., Mapping[str, int]] | None = None
+    # The dataclass that validates the env's settings (the job's `[env]` table, the
+    # server's --env-kwargs); None: settings go to the factory unchecked.
+    config_class: type | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -52,7 +69,8 @@ class EnvSpec:
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: resolving a name imports a module that may register
+ENTRY_POINT_GROUP = "tidejax.envs"
 
 
 def register(spec: EnvSpec, *, replace: bool = False) -> None:
@@ -64,14 +82,183 @@ def register(spec: EnvSpec, *, replace: bool = False) -> None:
 
 
 def env_types() -> list[str]:
+    """The names resolved so far (built-ins, and plugins or classes already asked for)."""
     return sorted(_REGISTRY)
 
 
+def plugin_names() -> list[str]:
+    """Env types installed distributions declare in the `tidejax.envs` entry-point group."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+
 def get_spec(env_type: str) -> EnvSpec:
+    """The spec of a registered name, an installed plugin or a "module:Class" name;
+    resolved once, then registered under that name. Unknown names raise ValueError."""
+    if not isinstance(env_type, str) or not env_type:
+        raise ValueError(f"env type must be a non-empty string, got {env_type!r}")
+    with _LOCK:
+        spec = _REGISTRY.get(env_type)
+        if spec is None:
+            spec = _resolve(env_type)
+            _REGISTRY.setdefault(env_type, spec)
+        return spec
+
+
+def _resolve(env_type: str) -> EnvSpec:
+    plugins = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+               if ep.name == env_type]
+    if plugins:
+        try:
+            target = plugins[0].load()
+        except Exception as e:  # noqa: BLE001 (a broken plugin is a config error, named)
+            raise ValueError(f"env type {env_type!r}: loading entry point "
+                             f"{plugins[0].value!r} failed: {type(e).__name__}: {e}") from None
+        return _as_spec(env_type, target)
+    if ":" not in env_type:
+        raise ValueError(
+            f"unknown env type {env_type!r}; known: {sorted(_REGISTRY)}, installed plugins: "
+            f"{plugin_names()}, or name a class as 'package.module:Class'")
+    module_name, _, attr = env_type.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"env type {env_type!r} must look like 'package.module:Class'")
     try:
-        return _REGISTRY[env_type]
-    except KeyError:
-        raise ValueError(f"unknown env type {env_type!r}; known: {sorted(_REGISTRY)}") from None
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"env type {env_type!r}: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # the user's module failed while importing: say so, keep the cause
+        raise ValueError(f"env type {env_type!r}: importing {module_name!r} raised "
+                         f"{type(e).__name__}: {e}") from e
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"env type {env_type!r}: {module_name!r} has no {attr!r}")
+        target = getattr(target, part)
+    return _as_spec(env_type, target)
+
+
+def _as_spec(name: str, target: Any) -> EnvSpec:
+    """An entry point or "module:Class" target: an EnvSpec, a function returning one, or
+    an env class."""
+    if isinstance(target, EnvSpec):
+        return dataclasses.replace(target, name=name) if target.name != name else target
+    if isinstance(target, type):
+        return spec_from_class(name, target)
+    if callable(target):
+        spec = target()
+        if isinstance(spec, EnvSpec):
+            return dataclasses.replace(spec, name=name)
+    raise ValueError(f"env type {name!r} names {target!r}, which is neither an env class "
+                     f"nor an EnvSpec")
+
+
+def spec_from_class(name: str, cls: type) -> EnvSpec:
+    """An EnvSpec from an env class's declarations (class attributes):
+
+    - `split_sizes` (required): goals per split, e.g. {"train": 500, "eval": 50, "test": 50};
+      `reset` gets the task (its `goal_index` below that size) in `options["task"]`
+    - `max_turns` (default 10): the turn cap of its tasks
+    - `action_format` (default ""): the system prompt telling the model how to act
+    - `config_class`: a dataclass validating the settings; the env is then built as
+      `cls(config_class(**settings))`, else as `cls(**settings)`
+    - `expert(env) -> Policy`: a staticmethod/classmethod making a scripted expert
+    - `latency`: a LatencySpec for simulated latency (default none)
+    - `tools`: the functions the model may call (`actions.Tool`s or OpenAI-style dicts);
+      they are listed in the system prompt and imply `action_parser = "tool_call"`
+    - `action_parser`: "raw" (default), "bracket", "tool_call" or a registered name; the
+      env's step then receives the parsed action (a `ToolCall` for tool calls)
+    """
+    for method in ("reset", "step"):
+        if not callable(getattr(cls, method, None)):
+            raise ValueError(f"env type {name!r}: {cls.__qualname__} has no {method}() method")
+    sizes = getattr(cls, "split_sizes", None)
+    if not isinstance(sizes, Mapping):
+        raise ValueError(f"env type {name!r}: {cls.__qualname__} must declare split_sizes, "
+                         f'e.g. split_sizes = {{"train": 100, "eval": 20, "test": 20}}')
+    config_class = getattr(cls, "config_class", None)
+    if config_class is not None and not dataclasses.is_dataclass(config_class):
+        raise ValueError(f"env type {name!r}: config_class must be a dataclass")
+
+    try:
+        tools = tuple(Tool.of(t) for t in getattr(cls, "tools", None) or ())
+        parser_name = getattr(cls, "action_parser", "tool_call" if tools else "raw")
+        parser = get_action_parser(parser_name)
+    except ValueError as e:
+        raise ValueError(f"env type {name!r}: {e}") from None
+    prompt = str(getattr(cls, "action_format", ""))
+    if tools:  # the model must see the tools it may call
+        listed = "\n".join(json.dumps({"name": t.name, "description": t.description,
+                                        "parameters": dict(t.parameters)}) for t in tools)
+        prompt = f"{prompt}\n\n# Tools\n{listed}".lstrip()
+
+    def factory(**settings: Any) -> TextEnv:
+        if config_class is not None:
+            env = cls(build_env_config(config_class, settings))
+        else:
+            env = cls(**settings)
+        if parser_name == "raw":
+            return env
+        return ParsedActionEnv(env, parser, tools)
+
+    max_turns = getattr(cls, "max_turns", 10)
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool):
+        raise ValueError(f"env type {name!r}: max_turns must be an int, got {max_turns!r}")
+    latency = getattr(cls, "latency", None) or LatencySpec(median_s=0.0, p99_s=0.0)
+    return EnvSpec(name=name, factory=factory, default_max_turns=max_turns,
+                   split_sizes=dict(sizes), latency=latency,
+                   action_format=prompt,
+                   expert=getattr(cls, "expert", None), config_class=config_class)
+
+
+def build_env_config(config_class: type, settings: Mapping[str, Any], path: str = "env") -> Any:
+    """`config_class(**settings)`, nested dataclasses built from tables; a bad field raises
+    ValueError naming it as `path.field`."""
+    if isinstance(settings, config_class):
+        return settings
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"{path} must be a table, got {type(settings).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(settings) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown env setting {path}.{unknown[0]}; "
+                         f"{config_class.__name__} has {sorted(fields)}")
+    hints = typing.get_type_hints(config_class)
+    kwargs = {}
+    for key, value in settings.items():
+        hint = hints.get(key)
+        if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+            value = build_env_config(hint, value, f"{path}.{key}")  # type: ignore[arg-type]
+        elif isinstance(value, list):
+            value = tuple(value)
+        _check_scalar(hint, value, f"{path}.{key}")
+        kwargs[key] = value
+    try:
+        return config_class(**kwargs)
+    except (TypeError, ValueError) as e:
+        # Name the field when the class's own check names exactly one of them.
+        named = [f for f in fields if re.search(rf"\b{re.escape(f)}\b", str(e))]
+        where = f"{path}.{named[0]}" if len(named) == 1 else path
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _check_scalar(hint: Any, value: Any, path: str) -> None:
+    """A str/int/float/bool field must get one (TOML and JSON carry these types exactly)."""
+    if hint not in (str, int, float, bool):
+        return
+    ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ValueError(f"{path} must be a {hint.__name__}, got {value!r}")
+
+
+def env_settings(env_type: str, settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The factory keyword arguments for `settings`, checked by the env's config class
+    (when it declares one) so that a bad one fails here, naming its field."""
+    spec = get_spec(env_type)
+    settings = dict(settings or {})
+    if spec.config_class is not None:
+        build_env_config(spec.config_class, settings)
+    return settings
 
 
 def make_env(env_type: str, **kwargs: Any) -> TextEnv:
@@ -95,7 +282,8 @@ def make_tasks(
 
     Goals are drawn without replacement while the split has enough of them. A group is
     of kind "long_tail" with probability `long_tail_fraction` (its env calls then draw
-    from the heavier latency tail). Ids are stable for a given seed. `env_kwargs` are
+    from the heavier latency tail). Ids and each group's reset seed are stable for a given
+    seed. `env_kwargs` are
     those the envs are built with (they may change how many goals a split has).
     """
     spec = get_spec(env_type)
@@ -112,6 +300,7 @@ def make_tasks(
     rng = np.random.default_rng(seed)
     goals = rng.choice(size, size=n_groups, replace=n_groups > size)
     long_tail = rng.random(n_groups) < long_tail_fraction
+    seeds = rng.integers(0, 2**31 - 1, size=n_groups)  # drawn last: earlier draws unchanged
     prefix = prefix or f"{env_type}-{split}-s{seed}"
     tasks = []
     for g in range(n_groups):
@@ -127,6 +316,7 @@ def make_tasks(
                     goal_index=int(goals[g]),
                     max_turns=turns,
                     kind=kind,
+                    seed=int(seeds[g]),  # one per group: its members start alike
                 )
             )
     return tasks

@@ -1,6 +1,14 @@
 """Serves the registered env types over HTTP/JSON, one session per episode.
 
     python -m tidejax.envs.server --host 127.0.0.1 --port 8765
+    python -m tidejax.envs.server --env webshop --env my_pkg.envs:MyEnv --port 0
+
+Env types: the built-ins, installed plugins (entry-point group `tidejax.envs`) and each
+`--env NAME` (a "package.module:Class" name is imported at start, so a typo fails there).
+A request's env_type is resolved when it arrives, so a plugin installed later is found;
+a "module:Class" name not given by --env is refused unless --allow-import, since
+resolving it imports code named by the client. Settings per env type (--env-kwargs) are
+checked at start by the env's config class.
 
 Endpoints (request and answer bodies are JSON objects):
 
@@ -36,8 +44,16 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-from tidejax.envs.protocol import Task, TextEnv
-from tidejax.envs.registry import env_types, make_env
+from tidejax.envs.protocol import (
+    MAX_ACTION_CHARS,
+    MAX_OBS_CHARS,
+    MalformedObservation,
+    Task,
+    TextEnv,
+    validate_reset,
+    validate_step,
+)
+from tidejax.envs.registry import env_settings, env_types, get_spec, make_env, plugin_names
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +63,15 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8765
     max_body_bytes: int = 64 * 1024
-    max_action_chars: int = 4096
+    max_action_chars: int = MAX_ACTION_CHARS
+    max_obs_chars: int = MAX_OBS_CHARS
     max_sessions: int = 4096
     session_ttl_s: float = 900.0
     env_kwargs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # Env types to resolve at start (built-in, plugin or "module:Class" names).
+    env_types: tuple[str, ...] = ()
+    # Whether a request may name a "module:Class" not in env_types (imports client-named code).
+    allow_import: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -63,6 +84,16 @@ class ServerConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if not self.session_ttl_s > 0:
             raise ValueError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
+        if self.max_obs_chars < 1:
+            raise ValueError(f"max_obs_chars must be >= 1, got {self.max_obs_chars}")
+        object.__setattr__(self, "env_types", tuple(self.env_types))
+        for name in self.env_types:
+            get_spec(name)  # an unknown name fails here, at start
+        for name, settings in self.env_kwargs.items():
+            try:
+                env_settings(name, settings)
+            except ValueError as e:
+                raise ValueError(f"env_kwargs[{name!r}]: {e}") from None
 
 
 class HTTPError(Exception):
@@ -85,7 +116,6 @@ class SessionStore:
         self.config = config
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
-        self._types = set(env_types())
         self.opened = 0  # sessions ever opened (for load-balancing checks)
 
     def __len__(self) -> int:
@@ -96,8 +126,7 @@ class SessionStore:
             task = Task.from_dict(body.get("task"))  # type: ignore[arg-type]
         except (TypeError, ValueError) as e:
             raise HTTPError(400, "bad_request", f"task: {e}") from None
-        if task.env_type not in self._types:
-            raise HTTPError(400, "bad_request", f"unknown env_type {task.env_type!r}")
+        self._check_env_type(task.env_type)
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise HTTPError(400, "bad_request", "seed must be an integer or null")
@@ -106,16 +135,34 @@ class SessionStore:
             raise HTTPError(503, "full", f"{self.config.max_sessions} sessions are open")
         try:
             env = make_env(task.env_type, **self.config.env_kwargs.get(task.env_type, {}))
-            obs, info = env.reset(seed=seed, options={"task": task})
+            out = env.reset(seed=seed, options={"task": task})
         except ValueError as e:  # e.g. a goal_index out of range: the request's fault
             raise HTTPError(400, "bad_request", str(e)) from None
         except Exception as e:  # noqa: BLE001 (any env failure becomes a 500, not a crash)
             raise HTTPError(500, "exception", f"{type(e).__name__}: {e}") from None
+        try:
+            obs, info = validate_reset(out, self.config.max_obs_chars)
+        except MalformedObservation as e:
+            _close_quietly(env)
+            raise HTTPError(500, "malformed_observation", str(e)) from None
         sid = secrets.token_hex(12)
         with self._lock:
             self._sessions[sid] = _Session(env, threading.Lock(), time.monotonic())
             self.opened += 1
         return {"session": sid, "obs": obs, "info": info}
+
+    def known_env_types(self) -> list[str]:
+        return sorted({*env_types(), *plugin_names(), *self.config.env_types})
+
+    def _check_env_type(self, name: str) -> None:
+        """Resolves a request's env_type now (a plugin installed since start is found)."""
+        if ":" in name and name not in self.config.env_types and not self.config.allow_import:
+            raise HTTPError(400, "bad_request", f"unknown env_type {name!r}: start the server "
+                                                f"with --env {name} (or --allow-import)")
+        try:
+            get_spec(name)
+        except ValueError as e:
+            raise HTTPError(400, "bad_request", f"unknown env_type {name!r}: {e}") from None
 
     def _get(self, body: dict[str, Any]) -> tuple[str, _Session]:
         sid = body.get("session")
@@ -137,10 +184,14 @@ class SessionStore:
         with s.lock:
             s.last_used = time.monotonic()
             try:
-                obs, reward, terminated, truncated, info = s.env.step(action)
+                out = validate_step(s.env.step(action), self.config.max_obs_chars)
+            except MalformedObservation as e:
+                self._drop(sid)
+                raise HTTPError(500, "malformed_observation", str(e)) from None
             except Exception as e:  # noqa: BLE001 (as in reset)
                 self._drop(sid)
                 raise HTTPError(500, "exception", f"{type(e).__name__}: {e}") from None
+            obs, reward, terminated, truncated, info = out
         if terminated or truncated:
             self._drop(sid)
         return {
@@ -161,10 +212,7 @@ class SessionStore:
         with self._lock:
             s = self._sessions.pop(sid, None)
         if s is not None:
-            try:
-                s.env.close()
-            except Exception:  # a failing close must not stop the server
-                log.exception("closing session %s", sid)
+            _close_quietly(s.env)
         return s is not None
 
     def _reap(self) -> None:
@@ -173,6 +221,13 @@ class SessionStore:
             stale = [k for k, s in self._sessions.items() if s.last_used < cutoff]
         for k in stale:
             self._drop(k)
+
+
+def _close_quietly(env: TextEnv) -> None:
+    try:
+        env.close()
+    except Exception:  # a failing close must not stop the server
+        log.exception("closing an env")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -208,7 +263,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             store = self.server.store
-            self._send(200, {"ok": True, "env_types": sorted(store._types), "sessions": len(store)})
+            self._send(200, {"ok": True, "env_types": store.known_env_types(),
+                             "sessions": len(store)})
         else:
             self._error(HTTPError(404, "not_found", f"no route GET {self.path[:100]}"))
 
@@ -312,21 +368,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-sessions", type=int, default=4096)
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024)
     p.add_argument("--session-ttl-s", type=float, default=900.0)
+    p.add_argument("--env", action="append", default=[], dest="envs", metavar="NAME",
+                   help="an env type to serve: built-in, plugin or 'package.module:Class' "
+                        "(repeatable; built-ins and plugins are served without it)")
+    p.add_argument("--allow-import", action="store_true",
+                   help="let requests name any 'module:Class' (imports code a client names)")
     p.add_argument("--env-kwargs", default="{}", help='JSON, e.g. {"webshop": {...}}')
     p.add_argument("--no-warm", action="store_true", help="skip building envs before serving")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    env_kwargs = json.loads(args.env_kwargs)
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        max_body_bytes=args.max_body_bytes,
-        max_sessions=args.max_sessions,
-        session_ttl_s=args.session_ttl_s,
-        env_kwargs=env_kwargs,
-    )
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+        if not isinstance(env_kwargs, dict):
+            raise ValueError("--env-kwargs must be a JSON object of env type -> settings")
+        config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            max_body_bytes=args.max_body_bytes,
+            max_sessions=args.max_sessions,
+            session_ttl_s=args.session_ttl_s,
+            env_kwargs=env_kwargs,
+            env_types=tuple(args.envs),
+            allow_import=args.allow_import,
+        )
+    except ValueError as e:  # an unknown env, bad settings: say so, no traceback
+        print(f"tidejax env server: cannot start: {e}", file=sys.stderr)
+        return 2
     if not args.no_warm:  # build catalogues now, not on the first request
-        for t in env_types():
+        for t in args.envs or env_types():
             make_env(t, **env_kwargs.get(t, {})).close()
     server = EnvServer(config)
     # One line on stdout so a parent process can read the chosen port.

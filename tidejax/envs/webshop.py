@@ -404,5 +404,6 @@ register(
         latency=WEBSHOP_LATENCY,
         action_format=ACTION_FORMAT,
         expert=WebShopExpert,
+        config_class=WebShopConfig,
     )
 )

@@ -20,6 +20,9 @@ class RolloutConfig:
     # policy loops on one action, which measures the decoder, not what RL optimised.
     eval_temperature: float = 1.0
     env_capacity: int = 64  # tasks the env cluster runs at once
+    # Episodes open at once in the env pool (None: no cap beyond env_capacity's calls in
+    # flight); for envs costly to keep open, e.g. one JVM each.
+    env_max_open_episodes: int | None = None
     staleness_bound: int = 1  # versions; also the CTB/AReaL admission quota
     batch_groups: int = 4  # groups per trainer step (for the staleness quota)
     budget_fraction: float = 0.9  # share of a rank's KV pool CTB may plan with
@@ -42,6 +45,9 @@ class RolloutConfig:
                      "probe_default_tokens", "dynamic_sampling_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.env_max_open_episodes is not None and self.env_max_open_episodes < 1:
+            raise ValueError(f"RolloutConfig.env_max_open_episodes must be >= 1 or unset, "
+                             f"got {self.env_max_open_episodes}")
         if self.staleness_bound < 0:
             raise ValueError(f"RolloutConfig.staleness_bound must be >= 0, "
                              f"got {self.staleness_bound}")

@@ -119,6 +119,13 @@ class RunSummary:
     stopped_by: int | None = None  # the signal that stopped the run before its last step
 
 
+def env_metrics(pool) -> dict:
+    """The env pool's running counts (faults, replay divergences, unreadable actions) as
+    `env/<name>` metrics; none for a pool that keeps no stats."""
+    stats = getattr(pool, "stats", None)
+    return {f"env/{k}": v for k, v in stats.as_dict().items()} if stats is not None else {}
+
+
 class Controller:
     def __init__(self, cfg: RunConfig, model_config: ModelConfig, params, tokenizer: Tokenizer,
                  pool, devices: list | None = None, writer: MetricsWriter | None = None,
@@ -435,7 +442,8 @@ class Controller:
                 if self.writer:
                     self.writer.write(record.step, "step", {
                         k: v for k, v in dataclasses.asdict(record).items() if k != "loss"}
-                        | {f"loss/{k}": v for k, v in record.loss.items()})
+                        | {f"loss/{k}": v for k, v in record.loss.items()}
+                        | env_metrics(self.pool))
                 if self.progress:
                     self.progress(record)
             if self._stopping() and completed < cfg.steps:

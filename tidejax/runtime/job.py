@@ -22,7 +22,8 @@ from tidejax.checkpoint import CheckpointError, Checkpointer
 from tidejax.config import RunConfig
 from tidejax.envs import EnvPool, PoolConfig, expert_demonstrations, local_env_factory
 from tidejax.envs.latency import LatencyModel
-from tidejax.envs.policies import action_format
+from tidejax.envs.policies import action_format, env_texts, read_demonstrations
+from tidejax.envs.registry import get_spec
 from tidejax.metrics import MetricsWriter, TraceRecorder, format_eta
 from tidejax.models.hf import read_config
 from tidejax.models.tokenizer import check_matches_model
@@ -48,10 +49,15 @@ def build_tokenizer(cfg: RunConfig, run_dir: str, demos) -> models.Tokenizer:
     for episode in demos:
         for obs, action in episode.turns:
             texts += [obs, action]
+    if not demos:  # no expert: the env's own text (first observations of training goals)
+        texts += env_texts(cfg.env_type, ENV_TEXT_GOALS, cfg.seed, env_kwargs=cfg.env_kwargs())
     tokenizer = models.train_bpe(texts, cfg.tokenizer_vocab,
                                  added_tokens=domain_tokens(cfg))
     tokenizer.save(path)
     return tokenizer
+
+
+ENV_TEXT_GOALS = 256  # training goals whose first observation trains an expert-less tokenizer
 
 
 def domain_tokens(cfg: RunConfig) -> list[str]:
@@ -81,14 +87,23 @@ def demo_episode_tokens(tokenizer, env_type: str, demos) -> list[EpisodeTokens]:
 
 def demonstrations(cfg: RunConfig):
     """The run's SFT demonstrations: `sft.episodes` expert episodes on training goals, from
-    the imperfect demonstrator when `sft.skip_options` (or its WebShop default) is set."""
+    the imperfect demonstrator when `sft.skip_options` (or its WebShop default) is set; none
+    for an env without an expert (the warm start then skips SFT). `sft.demonstrations`
+    names a JSONL file of chat messages to imitate instead."""
+    if cfg.sft.demonstrations:
+        return read_demonstrations(cfg.sft.demonstrations, cfg.env_type)
+    if get_spec(cfg.env_type).expert is None:
+        if cfg.sft.steps:
+            log.info("env type %s declares no expert: SFT warm start skipped", cfg.env_type)
+        return []
     return expert_demonstrations(cfg.env_type, max(cfg.sft.episodes, 1), seed=cfg.sft.seed,
                                  env_kwargs=cfg.env_kwargs(), expert_kwargs=cfg.expert_kwargs())
 
 
 def make_pool(cfg: RunConfig) -> EnvPool:
     latency = LatencyModel.default(time_scale=cfg.env_time_scale, seed=cfg.seed)
-    pool_cfg = PoolConfig(capacity=cfg.rollout.env_capacity)
+    pool_cfg = PoolConfig(capacity=cfg.rollout.env_capacity,
+                          max_open_episodes=cfg.rollout.env_max_open_episodes)
     if cfg.env_servers:
         return EnvPool(pool_cfg, addresses=list(cfg.env_servers), latency=latency)
     return EnvPool(pool_cfg, latency=latency,

@@ -27,9 +27,9 @@ FORMAT = 1
 
 
 def fingerprint(cfg: RunConfig) -> dict | None:
-    """Every setting the tokenizer and the SFT weights depend on (None with a checkpoint or
-    tokenizer of the user's: those are not built here)."""
-    if cfg.hf_path or cfg.tokenizer_path:
+    """Every setting the tokenizer and the SFT weights depend on (None with a checkpoint,
+    tokenizer or demonstration file of the user's: what those hold is not fingerprinted)."""
+    if cfg.hf_path or cfg.tokenizer_path or cfg.sft.demonstrations:
         return None
     # the mesh size is layout, and the demonstrator is what skip_options resolves to
     sft = {k: v for k, v in dataclasses.asdict(cfg.sft).items()
