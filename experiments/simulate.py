@@ -6,6 +6,7 @@
     python -m tidejax.experiments.simulate --table ra2p       # 8 ready micro-batches, 4 H100
     python -m tidejax.experiments.simulate --table ers        # RWT + TWT vs fixed ratios
     python -m tidejax.experiments.simulate --table workload   # tail statistics of a workload
+    python -m tidejax.experiments.simulate --table robustness # every system, a workload family
     python -m tidejax.experiments.simulate --table timing     # seconds to simulate one run
 
 ``--workload FILE`` (TOML or JSON, the :class:`tidejax.sim.workload.WorkloadSpec` layout;
@@ -348,6 +349,58 @@ def table_ers(args, cfg) -> None:
     _dump(args.out, "ers", [r.summary() for r in res])
 
 
+def table_robustness(args, cfg) -> None:
+    """Every system over a fixed sample of the workload family (tidejax.sim.family)."""
+    from tidejax.sim import family
+
+    members = family.sample(args.family_size, args.family_seed, cfg.steps)
+    t0 = time.time()
+    rows = tables.robustness(members, cfg, args.sweep_steps, args.jobs)
+    systems_ = list(rows[0]["over_best_fixed"])
+    print(
+        f"== robustness: {len(members)} members of the workload family (seed "
+        f"{args.family_seed}), {cfg.steps} steps each, staleness bound {cfg.staleness_bound}, "
+        f"fixed splits swept {args.sweep_steps} steps ({time.time() - t0:.0f}s to simulate)\n"
+        "   each system's goodput / the best fixed split's (best of the AReaL-like and "
+        "StreamRL-like sweeps, rerun in full)"
+    )
+    short = {s: s.split("@")[0] for s in systems_}
+    _print_table(
+        ["member", "drift", "GPUs", "best fixed", "tok/s"]
+        + [short[s] for s in systems_]
+        + ["tide of bound"],
+        [
+            [
+                r["member"],
+                r["drift"],
+                r["gpus"],
+                r["best_fixed"],
+                f"{r['best_fixed_goodput']:,.0f}",
+            ]
+            + [f"{r['over_best_fixed'][s]:.2f}" for s in systems_]
+            + [f"{r['tide_of_bound']:.2f}"]
+            for r in rows
+        ],
+        [28, 6, 4, 14, 9] + [max(6, len(short[s])) for s in systems_] + [13],
+    )
+    print("   worst / median of each system over the best fixed split:")
+    for s in systems_:
+        st = tables.ratio_summary(rows, s)
+        print(
+            f"   {s:15s} all {st['worst']:.2f} / {st['median']:.2f}   "
+            f"non-stationary {st['nonstationary_worst']:.2f} / {st['nonstationary_median']:.2f}"
+        )
+    path = _dump(args.out, "robustness", {"members": members, "config": cfg, "rows": rows})
+    print(f"JSON under {path}")
+    st = tables.ratio_summary(rows)
+    print(
+        f"tide_worst_over_best_fixed={st['worst']:.2f} "
+        f"tide_median_over_best_fixed={st['median']:.2f} "
+        f"tide_nonstationary_worst={st['nonstationary_worst']:.2f} "
+        f"tide_nonstationary_median={st['nonstationary_median']:.2f}"
+    )
+
+
 def table_workload(args, cfg) -> None:
     print("== workload tails (synchronous run; calibration rows workload.*)")
     for spec in _specs(args):
@@ -376,6 +429,7 @@ TABLES = {
     "ra2p": table_ra2p,
     "ers": table_ers,
     "workload": table_workload,
+    "robustness": table_robustness,
 }
 
 
@@ -399,6 +453,10 @@ def main(argv=None) -> None:
         help="ERS role switch hidden under the weight sync (TideRL) or charged PEARL's c_in/c_out",
     )
     p.add_argument("--jobs", type=int, default=tables.default_jobs())
+    p.add_argument(
+        "--family-size", type=int, default=8, help="robustness: members of the family sample"
+    )
+    p.add_argument("--family-seed", type=int, default=0, help="robustness: the sample's seed")
     p.add_argument("--out", type=Path, default=Path("runs/simulate"))
     p.add_argument(
         "--dump-workload",
