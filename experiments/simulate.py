@@ -23,7 +23,7 @@ import math
 import time
 from pathlib import Path
 
-from tidejax.sim import tables, workload
+from tidejax.sim import family, tables, workload
 from tidejax.sim.config import SimConfig
 from tidejax.sim.costs import SwitchConstants
 
@@ -351,15 +351,14 @@ def table_ers(args, cfg) -> None:
 
 def table_robustness(args, cfg) -> None:
     """Every system over a fixed sample of the workload family (tidejax.sim.family)."""
-    from tidejax.sim import family
-
-    members = family.sample(args.family_size, args.family_seed, cfg.steps)
+    gpus = tuple(int(x) for x in args.family_gpus.split(","))
+    members = family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
     t0 = time.time()
     rows = tables.robustness(members, cfg, args.sweep_steps, args.jobs)
     systems_ = list(rows[0]["over_best_fixed"])
     print(
         f"== robustness: {len(members)} members of the workload family (seed "
-        f"{args.family_seed}), {cfg.steps} steps each, staleness bound {cfg.staleness_bound}, "
+        f"{args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each, staleness bound {cfg.staleness_bound}, "
         f"fixed splits swept {args.sweep_steps} steps ({time.time() - t0:.0f}s to simulate)\n"
         "   each system's goodput / the best fixed split's (best of the AReaL-like and "
         "StreamRL-like sweeps, rerun in full)"
@@ -457,6 +456,11 @@ def main(argv=None) -> None:
         "--family-size", type=int, default=8, help="robustness: members of the family sample"
     )
     p.add_argument("--family-seed", type=int, default=0, help="robustness: the sample's seed")
+    p.add_argument(
+        "--family-gpus",
+        default=",".join(str(n) for n in family.GPU_COUNTS),
+        help="robustness: GPU counts members draw from (comma-separated)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/simulate"))
     p.add_argument(
         "--dump-workload",

@@ -93,3 +93,19 @@ def test_ratio_summary_reads_worst_median_and_drift_rows():
     st = tables.ratio_summary(rows)
     assert st["worst"] == 0.9 and st["median"] == pytest.approx(1.2)
     assert st["nonstationary_worst"] == 1.3 and st["nonstationary_median"] == pytest.approx(1.4)
+
+
+def test_robustness_rows_compare_every_system_with_the_best_fixed_full_run():
+    from tidejax.sim.config import SimConfig
+
+    m = family.sample(3, seed=0, steps=2, gpu_counts=(8,))[2]  # the GUI member: small groups
+    spec = dataclasses.replace(m.spec, batch_groups=2, b_min_groups=1, eval_tasks=2)
+    m = dataclasses.replace(m, spec=spec)
+    (row,) = tables.robustness([m], SimConfig(steps=2), sweep_steps=1, n=1)
+    ratios = row["over_best_fixed"]
+    assert row["gpus"] == 8 and row["member"] == spec.name
+    assert {"sync", "bidirl", "tidejax", "tidejax+bidirl"} <= set(ratios)
+    fixed = [s for s in ratios if s.startswith(("areal@", "streamrl@"))]
+    assert len(fixed) == 2 and row["best_fixed"] in fixed
+    assert ratios[row["best_fixed"]] == 1.0 and max(ratios[s] for s in fixed) == 1.0
+    assert all(r > 0 for r in ratios.values())

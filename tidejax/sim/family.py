@@ -78,12 +78,15 @@ def _vary(t: TaskType, rng: np.random.Generator, straggler: float) -> TaskType:
     )
 
 
-def member(seed: int, index: int, steps: int) -> Member:
-    """Member ``index`` of the family drawn with ``seed`` for runs of ``steps`` updates."""
+def member(
+    seed: int, index: int, steps: int, gpu_counts: tuple[int, ...] = GPU_COUNTS
+) -> Member:
+    """Member ``index`` of the family drawn with ``seed`` for runs of ``steps`` updates, its
+    GPU count drawn from ``gpu_counts``."""
     rng = np.random.default_rng([seed, index])
     drift = DRIFTS[index % len(DRIFTS)]  # every kind equally often in any sample
     gui_base = rng.random() < 1 / 3
-    gpus = int(rng.choice(GPU_COUNTS))
+    gpus = int(rng.choice(gpu_counts))
     model = "qwen2.5-14b" if (not gui_base and gpus >= 16 and rng.random() < 0.5) else "qwen2.5-7b"
     base = wl.osworld(model) if gui_base else wl.text(model)
     straggler = float(rng.choice(STRAGGLER_P99))
@@ -92,8 +95,9 @@ def member(seed: int, index: int, steps: int) -> Member:
     per_gpu = base.batch_groups * base.group_size / PRESET_GPUS  # trajectories per update
     batch = max(2, round(per_gpu * gpus / group))
     grow = gpus / PRESET_GPUS
+    size = model.rsplit("-", 1)[-1]
     fields = dict(
-        name=f"m{index:02d}-{drift}-{'gui' if gui_base else 'text'}-{model[-3:]}-{gpus}g",
+        name=f"m{index:02d}-{drift}-{'gui' if gui_base else 'text'}-{size}-{gpus}g",
         model=model,
         group_size=group,
         batch_groups=batch,
@@ -120,8 +124,12 @@ def member(seed: int, index: int, steps: int) -> Member:
     return Member(spec, gpus, drift)
 
 
-def sample(n: int, seed: int = 0, steps: int = 100) -> list[Member]:
+def sample(
+    n: int, seed: int = 0, steps: int = 100, gpu_counts: tuple[int, ...] = GPU_COUNTS
+) -> list[Member]:
     """The first ``n`` members of the family drawn with ``seed``."""
     if n <= 0:
         raise ValueError("family.sample needs n > 0")
-    return [member(seed, i, steps) for i in range(n)]
+    if not gpu_counts or min(gpu_counts) < 2:
+        raise ValueError("family.sample needs GPU counts >= 2")
+    return [member(seed, i, steps, tuple(gpu_counts)) for i in range(n)]
