@@ -353,37 +353,32 @@ def table_robustness(args, cfg) -> None:
     """Every system over a fixed sample of the workload family (tidejax.sim.family)."""
     gpus = tuple(int(x) for x in args.family_gpus.split(","))
     members = family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
-    t0 = time.time()
-    rows = tables.robustness(members, cfg, args.sweep_steps, args.jobs)
-    systems_ = list(rows[0]["over_best_fixed"])
     print(
         f"== robustness: {len(members)} members of the workload family (seed "
-        f"{args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each, staleness bound {cfg.staleness_bound}, "
-        f"fixed splits swept {args.sweep_steps} steps ({time.time() - t0:.0f}s to simulate)\n"
+        f"{args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each, staleness "
+        f"bound {cfg.staleness_bound}, fixed splits swept {args.sweep_steps} steps\n"
         "   each system's goodput / the best fixed split's (best of the AReaL-like and "
-        "StreamRL-like sweeps, rerun in full)"
+        "StreamRL-like sweeps, rerun in full)",
+        flush=True,
     )
-    short = {s: s.split("@")[0] for s in systems_}
-    _print_table(
-        ["member", "drift", "GPUs", "best fixed", "tok/s"]
-        + [short[s] for s in systems_]
-        + ["tide of bound"],
-        [
-            [
-                r["member"],
-                r["drift"],
-                r["gpus"],
-                r["best_fixed"],
-                f"{r['best_fixed_goodput']:,.0f}",
-            ]
-            + [f"{r['over_best_fixed'][s]:.2f}" for s in systems_]
-            + [f"{r['tide_of_bound']:.2f}"]
-            for r in rows
-        ],
-        [28, 6, 4, 14, 9] + [max(6, len(short[s])) for s in systems_] + [13],
-    )
+    rows, widths = [], None
+    t0 = time.time()
+    for m in members:  # one member at a time, each row printed as it finishes
+        (row,) = tables.robustness([m], cfg, args.sweep_steps, args.jobs)
+        rows.append(row)
+        systems_ = list(row["over_best_fixed"])
+        short = systems_
+        if widths is None:
+            widths = [28, 6, 4, 14, 9] + [max(6, len(x)) for x in short] + [8, 8]
+            print(_fmt_row(["member", "drift", "GPUs", "best fixed", "tok/s"] + short
+                           + ["of bound", "sim s"], widths))
+        cells = [m.spec.name, m.drift, m.n_gpus, row["best_fixed"]]
+        cells += [f"{row['best_fixed_goodput']:,.0f}"]
+        cells += [f"{row['over_best_fixed'][s]:.2f}" for s in systems_]
+        cells += [f"{row['tide_of_bound']:.2f}", f"{time.time() - t0:.0f}"]
+        print(_fmt_row(cells, widths), flush=True)
     print("   worst / median of each system over the best fixed split:")
-    for s in systems_:
+    for s in rows[0]["over_best_fixed"]:
         st = tables.ratio_summary(rows, s)
         print(
             f"   {s:15s} all {st['worst']:.2f} / {st['median']:.2f}   "
