@@ -6,6 +6,7 @@
     python -m tidejax.experiments.simulate --table ra2p       # 8 ready micro-batches, 4 H100
     python -m tidejax.experiments.simulate --table ers        # RWT + TWT vs fixed ratios
     python -m tidejax.experiments.simulate --table workload   # tail statistics of a workload
+    python -m tidejax.experiments.simulate --table robustness # every system, a workload family
     python -m tidejax.experiments.simulate --table timing     # seconds to simulate one run
 
 ``--workload FILE`` (TOML or JSON, the :class:`tidejax.sim.workload.WorkloadSpec` layout;
@@ -22,7 +23,7 @@ import math
 import time
 from pathlib import Path
 
-from tidejax.sim import tables, workload
+from tidejax.sim import family, tables, workload
 from tidejax.sim.config import SimConfig
 from tidejax.sim.costs import SwitchConstants
 
@@ -348,6 +349,52 @@ def table_ers(args, cfg) -> None:
     _dump(args.out, "ers", [r.summary() for r in res])
 
 
+def table_robustness(args, cfg) -> None:
+    """Every system over a fixed sample of the workload family (tidejax.sim.family)."""
+    gpus = tuple(int(x) for x in args.family_gpus.split(","))
+    members = family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
+    print(
+        f"== robustness: {len(members)} members of the workload family (seed "
+        f"{args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each, staleness "
+        f"bound {cfg.staleness_bound}, fixed splits swept {args.sweep_steps} steps\n"
+        "   each system's goodput / the best fixed split's (best of the AReaL-like and "
+        "StreamRL-like sweeps, rerun in full)",
+        flush=True,
+    )
+    rows, widths = [], None
+    t0 = time.time()
+    for m in members:  # one member at a time, each row printed as it finishes
+        (row,) = tables.robustness([m], cfg, args.sweep_steps, args.jobs)
+        rows.append(row)
+        systems_ = list(row["over_best_fixed"])
+        short = systems_
+        if widths is None:
+            widths = [28, 6, 4, 14, 9] + [max(6, len(x)) for x in short] + [8, 8]
+            print(_fmt_row(["member", "drift", "GPUs", "best fixed", "tok/s"] + short
+                           + ["of bound", "sim s"], widths))
+        cells = [m.spec.name, m.drift, m.n_gpus, row["best_fixed"]]
+        cells += [f"{row['best_fixed_goodput']:,.0f}"]
+        cells += [f"{row['over_best_fixed'][s]:.2f}" for s in systems_]
+        cells += [f"{row['tide_of_bound']:.2f}", f"{time.time() - t0:.0f}"]
+        print(_fmt_row(cells, widths), flush=True)
+    print("   worst / median of each system over the best fixed split:")
+    for s in rows[0]["over_best_fixed"]:
+        st = tables.ratio_summary(rows, s)
+        print(
+            f"   {s:15s} all {st['worst']:.2f} / {st['median']:.2f}   "
+            f"non-stationary {st['nonstationary_worst']:.2f} / {st['nonstationary_median']:.2f}"
+        )
+    path = _dump(args.out, "robustness", {"members": members, "config": cfg, "rows": rows})
+    print(f"JSON under {path}")
+    st = tables.ratio_summary(rows)
+    print(
+        f"tide_worst_over_best_fixed={st['worst']:.2f} "
+        f"tide_median_over_best_fixed={st['median']:.2f} "
+        f"tide_nonstationary_worst={st['nonstationary_worst']:.2f} "
+        f"tide_nonstationary_median={st['nonstationary_median']:.2f}"
+    )
+
+
 def table_workload(args, cfg) -> None:
     print("== workload tails (synchronous run; calibration rows workload.*)")
     for spec in _specs(args):
@@ -376,6 +423,7 @@ TABLES = {
     "ra2p": table_ra2p,
     "ers": table_ers,
     "workload": table_workload,
+    "robustness": table_robustness,
 }
 
 
@@ -399,6 +447,15 @@ def main(argv=None) -> None:
         help="ERS role switch hidden under the weight sync (TideRL) or charged PEARL's c_in/c_out",
     )
     p.add_argument("--jobs", type=int, default=tables.default_jobs())
+    p.add_argument(
+        "--family-size", type=int, default=8, help="robustness: members of the family sample"
+    )
+    p.add_argument("--family-seed", type=int, default=0, help="robustness: the sample's seed")
+    p.add_argument(
+        "--family-gpus",
+        default=",".join(str(n) for n in family.GPU_COUNTS),
+        help="robustness: GPU counts members draw from (comma-separated)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/simulate"))
     p.add_argument(
         "--dump-workload",

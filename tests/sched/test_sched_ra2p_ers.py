@@ -110,6 +110,16 @@ def test_a_full_batch_ready_does_not_take_rollout_that_is_busy():
     assert ers.plan(s, Partition(16, 16, 0), CFG).partition == Partition(16, 16, 0)
 
 
+def test_stale_drops_block_taking_rollout_only_while_rollout_is_busy():
+    # the consumption-deficit case above (trainer 40 s busy, rollout idle half the step),
+    # with groups dropped as stale: they aged waiting for the trainer, so the move stands
+    throttled = sig(rollout_idle_frac=0.5, last_pressure=1, dropped_groups=3)
+    assert ers.plan(throttled, Partition(16, 16, 0), CFG).partition == Partition(15, 17, 0)
+    # rollout busy (idle 0.05 <= theta) and groups dropped: supply is late, no rank leaves
+    busy = sig(rollout_idle_frac=0.05, last_pressure=1, dropped_groups=3, twt_frac=0.05)
+    assert ers.plan(busy, Partition(16, 16, 0), CFG).partition.rollout >= 16
+
+
 def test_no_move_when_the_saving_does_not_pay_the_move():
     # saving 40 - 37.6 = 2.4 s a step; over cooldown 2 steps it must exceed move_cost_s
     s = sig(rollout_idle_frac=0.5, last_pressure=1, move_cost_s=6.0)

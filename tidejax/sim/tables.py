@@ -7,6 +7,7 @@ Runs fan out over processes (``jobs``); each returns a :class:`RunResult`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing as mp
 import os
 from collections.abc import Sequence
@@ -121,6 +122,62 @@ def e2e_rows(block: dict) -> list[dict]:
             }
         )
     return rows
+
+
+# ---------------------------------------------------------------------- robustness
+def robustness(members, cfg: SimConfig, sweep_steps: int, n: int) -> list[dict]:
+    """Every system of :func:`e2e` on each family member (its own GPU count); one row per
+    member with each system's goodput over the best fixed split (``areal`` and ``streamrl``
+    at their own best swept ratio)."""
+    rows = []
+    for m in members:
+        block = e2e(m.spec, dataclasses.replace(cfg, n_gpus=m.n_gpus), sweep_steps, n)
+        fixed = best_fixed(block["results"])
+        rows.append(
+            {
+                "member": m.spec.name,
+                "drift": m.drift,
+                "gpus": m.n_gpus,
+                "best_fixed": fixed.system,
+                "best_fixed_goodput": fixed.goodput,
+                # keyed by system family: each member sweeps its own fixed ratios
+                "over_best_fixed": {
+                    r.system.split("@")[0]: r.goodput / fixed.goodput for r in block["results"]
+                },
+                "tide_of_bound": _tide(block).goodput / block["bound"].goodput,
+                "bound_binds": block["bound"].binding,
+                "sweep_gpu_h": block["sweep_cost"]["gpu_h"],
+                "runs": [r.summary() for r in block["results"]],
+            }
+        )
+    return rows
+
+
+def _tide(block: dict) -> RunResult:
+    return next(r for r in block["results"] if r.system == "tidejax")
+
+
+def ratio_summary(rows: list[dict], system: str = "tidejax") -> dict:
+    """Worst and median of ``system`` / best fixed, overall and on the non-stationary rows."""
+
+    def stats(xs: list[float]) -> tuple[float, float]:
+        if not xs:
+            return math.nan, math.nan
+        xs = sorted(xs)
+        mid = len(xs) // 2
+        med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+        return xs[0], med
+
+    every = [r["over_best_fixed"][system] for r in rows]
+    drift = [r["over_best_fixed"][system] for r in rows if r["drift"] != "none"]
+    worst, median = stats(every)
+    d_worst, d_median = stats(drift)
+    return {
+        "worst": worst,
+        "median": median,
+        "nonstationary_worst": d_worst,
+        "nonstationary_median": d_median,
+    }
 
 
 # ------------------------------------------------------------------------ ablation

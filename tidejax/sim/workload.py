@@ -49,7 +49,7 @@ class Dist:
 @dataclass(frozen=True, slots=True)
 class TaskType:
     name: str
-    weight: float  # share of groups of this type
+    weight: float  # share of groups of this type (0: only after a mix shift)
     prompt_tokens: Dist  # initial prompt (shared by the group)
     response_tokens: Dist  # generated per turn
     obs_tokens: Dist  # observation appended after each turn
@@ -64,8 +64,8 @@ class TaskType:
     env_straggler: Dist | None = None  # per-trajectory slowdown of its environment
 
     def __post_init__(self) -> None:
-        if self.weight <= 0 or self.max_turns <= 0 or self.context_cap <= 0:
-            raise ValueError(f"TaskType {self.name}: weight, max_turns, context_cap must be > 0")
+        if self.weight < 0 or self.max_turns <= 0 or self.context_cap <= 0:
+            raise ValueError(f"TaskType {self.name}: weight >= 0, max_turns, context_cap > 0")
         if not 0 <= self.success_prob <= 1:
             raise ValueError(f"TaskType {self.name}: success_prob must be in [0, 1]")
         if self.history_turns < 0:
@@ -90,16 +90,37 @@ class WorkloadSpec:
     # TideRL's env cluster has 1024 CPU cores; two text-env sessions per core [A]
     env_capacity: int = 2048
     seed: int = 0
+    # Non-stationarity, a function of a group's position in the stream only (so every system
+    # sees the same groups). Response growth: group ``i``'s response tokens (median and p99,
+    # the cap stays) are scaled by ``1 + response_growth * i / batch_groups``, i.e. this much
+    # per update's worth of groups (reasoning RL lengthens responses as it trains,
+    # DeepSeek-R1 Fig. 3) [A magnitude, a family parameter]. Mix shift: groups from update
+    # ``mix_shift_at`` on (0: never) are drawn with the type weights ``mix_after``.
+    response_growth: float = 0.0
+    mix_shift_at: int = 0
+    mix_after: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.types:
-            raise ValueError("WorkloadSpec.types is empty")
+        if not self.types or sum(t.weight for t in self.types) <= 0:
+            raise ValueError("WorkloadSpec.types is empty or all its weights are 0")
         if self.batch_groups <= 0 or self.group_size <= 0:
             raise ValueError("WorkloadSpec.batch_groups and group_size must be positive")
         if not 0 < self.b_min_groups <= self.batch_groups:
             raise ValueError("WorkloadSpec.b_min_groups must be in (0, batch_groups]")
         if self.eval_every < 0 or self.eval_tasks < 0 or self.env_capacity <= 0:
             raise ValueError("WorkloadSpec eval_every/eval_tasks >= 0, env_capacity > 0")
+        if self.response_growth < 0 or self.mix_shift_at < 0:
+            raise ValueError("WorkloadSpec.response_growth and mix_shift_at must be >= 0")
+        if self.mix_shift_at and (
+            len(self.mix_after) != len(self.types) or min(self.mix_after) < 0
+            or sum(self.mix_after) <= 0
+        ):
+            raise ValueError("WorkloadSpec.mix_after needs one weight >= 0 per type, sum > 0")
+
+    @property
+    def stationary(self) -> bool:
+        """No response growth, no mix shift (evaluation phases are periodic, not drift)."""
+        return self.response_growth == 0 and self.mix_shift_at == 0
 
 
 # ----------------------------------------------------------------------------- presets
@@ -112,7 +133,7 @@ class WorkloadSpec:
 _STRAGGLER = Dist(1.0, 8.0, 1.0, 30.0)
 
 
-def _webshop() -> TaskType:
+def webshop() -> TaskType:
     return TaskType(
         name="webshop",
         weight=0.5,  # TideRL's text suite mixes WebShop and ALFWorld; equal shares [A]
@@ -133,7 +154,7 @@ def _webshop() -> TaskType:
     )
 
 
-def _alfworld() -> TaskType:
+def alfworld() -> TaskType:
     return TaskType(
         name="alfworld",
         weight=0.5,
@@ -152,15 +173,30 @@ def _alfworld() -> TaskType:
 
 def text(model: str = "qwen2.5-7b") -> WorkloadSpec:
     """WebShop + ALFWorld, TideRL's text suite."""
-    return WorkloadSpec(name=f"text-{model}", model=model, types=(_webshop(), _alfworld()))
+    return WorkloadSpec(name=f"text-{model}", model=model, types=(webshop(), alfworld()))
 
 
 def osworld(model: str = "qwen2.5-7b") -> WorkloadSpec:
     """OSWorld-like GUI agent. The calibration table has no VL model, so a 7B dense decoder
     stands in for Qwen-VL; screenshots are charged as image tokens."""
-    gui = TaskType(
+    return WorkloadSpec(
+        name=f"osworld-{model}",
+        model=model,
+        types=(gui(),),
+        batch_groups=16,  # [A] GUI RL batches are small
+        group_size=8,
+        b_min_groups=8,
+        eval_every=10,
+        eval_tasks=32,
+        env_capacity=256,  # 1024 cores, a desktop VM per 4 cores [A]
+    )
+
+
+def gui(weight: float = 1.0) -> TaskType:
+    """The OSWorld-like GUI task type: screenshots as observations, long env waits."""
+    return TaskType(
         name="osworld",
-        weight=1.0,
+        weight=weight,
         # 1920x1080 screenshot at 28x28 px per merged Qwen2.5-VL token: 69*39 = 2691 tokens [D]
         prompt_tokens=Dist(1500 + 2691, 1500 + 2691 * 1.2),  # instructions [A] + first screenshot
         response_tokens=Dist(
@@ -176,17 +212,6 @@ def osworld(model: str = "qwen2.5-7b") -> WorkloadSpec:
         context_cap=16384,  # calibration env.context_cap (AstraFlow)
         history_turns=3,  # [A] agents keep the last few screenshots
         train_per_turn=True,
-    )
-    return WorkloadSpec(
-        name=f"osworld-{model}",
-        model=model,
-        types=(gui,),
-        batch_groups=16,  # [A] GUI RL batches are small
-        group_size=8,
-        b_min_groups=8,
-        eval_every=10,
-        eval_tasks=32,
-        env_capacity=256,  # 1024 cores, a desktop VM per 4 cores [A]
     )
 
 
@@ -234,6 +259,8 @@ def from_dict(data: dict) -> WorkloadSpec:
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown workload keys: {sorted(unknown)}")
+    if "mix_after" in data:
+        data["mix_after"] = tuple(float(w) for w in data["mix_after"])
     return WorkloadSpec(types=tuple(types), **data)
 
 
@@ -317,26 +344,45 @@ def _draw_trajectory(
     return Trajectory(responses, obs, env)
 
 
+def _cumulative(weights) -> list[float]:
+    total = sum(weights)
+    out, acc = [], 0.0
+    for w in weights:
+        acc += w / total
+        out.append(acc)
+    return out
+
+
 class TaskStream:
     """Deterministic groups: ``group(i)`` for training, ``eval_group(i)`` for evaluation."""
 
     def __init__(self, spec: WorkloadSpec) -> None:
         self.spec = spec
-        total = sum(t.weight for t in spec.types)
-        self._cum = []
-        acc = 0.0
-        for t in spec.types:
-            acc += t.weight / total
-            self._cum.append(acc)
+        self._cum = _cumulative([t.weight for t in spec.types])
+        self._cum_after = _cumulative(spec.mix_after) if spec.mix_shift_at else self._cum
+
+    def update_of(self, index: int, is_eval: bool) -> float:
+        """The update a group belongs to: training group ``i`` feeds update
+        ``i / batch_groups``; evaluation phase ``k`` runs after update ``(k + 1) * every``."""
+        s = self.spec
+        if not is_eval:
+            return index / s.batch_groups
+        return (index // max(1, s.eval_tasks) + 1) * max(1, s.eval_every)
 
     def _draw(self, index: int, size: int, salt: int) -> GroupDraw:
-        rng = np.random.default_rng([self.spec.seed, salt, index])
+        s = self.spec
+        rng = np.random.default_rng([s.seed, salt, index])
+        update = self.update_of(index, salt == 1)
+        cum = self._cum_after if s.mix_shift_at and update >= s.mix_shift_at else self._cum
         u = rng.random()
-        ti = next((i for i, c in enumerate(self._cum) if u <= c), len(self._cum) - 1)
-        t = self.spec.types[ti]
+        ti = next((i for i, c in enumerate(cum) if u <= c), len(cum) - 1)
+        t = s.types[ti]
         prompt = int(_lognormal(t.prompt_tokens, rng, ()))
         shape = (size, t.max_turns)
         resp = _lognormal(t.response_tokens, rng, shape)
+        if s.response_growth:
+            grown = resp * (1 + s.response_growth * update)
+            resp = np.minimum(grown, t.response_tokens.hi)
         obs = _lognormal(t.obs_tokens, rng, shape)
         env = _lognormal(t.env_s, rng, shape)
         success = rng.random(size) < t.success_prob
