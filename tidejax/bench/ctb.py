@@ -55,8 +55,10 @@ async def run_once(scheduler, engines, tokenizer, groups, group_size, seed, time
     after = [e.metrics() for e in engines]
     prefill = sum(a.prefill_tokens_computed - b.prefill_tokens_computed
                   for a, b in zip(after, before))
+    padded = sum(a.prefill_tokens_padded - b.prefill_tokens_padded for a, b in zip(after, before))
     generated = manager.counters["generated_tokens"]
     return {"hit_rate": manager.hit_rate(), "prefill_tokens": prefill,
+            "prefill_padding": 1 - prefill / padded if padded else 0.0,
             "gen_tok_s": generated / wall, "wall_s": wall, "generated": generated,
             "pauses": manager.counters["pauses"], "rehomed": manager.counters["rehomed"]}
 
@@ -91,7 +93,7 @@ def main(argv=None) -> None:
         results[scheduler] = r
         print(f"{scheduler:8s} hit_rate={r['hit_rate']:.3f} prefill_tokens={r['prefill_tokens']} "
               f"gen_tok_s={r['gen_tok_s']:.1f} wall={r['wall_s']:.1f}s pauses={r['pauses']} "
-              f"rehomed={r['rehomed']}", flush=True)
+              f"rehomed={r['rehomed']} prefill_padding={r['prefill_padding']:.3f}", flush=True)
     req, ctb = results["request"], results["ctb"]
     print(f"ctb_hit_ratio={ctb['hit_rate'] / max(req['hit_rate'], 1e-9):.2f} "
           f"prefill_ratio={ctb['prefill_tokens'] / max(req['prefill_tokens'], 1):.2f} "
