@@ -71,13 +71,18 @@ class EngineConfig:
     max_stop_tokens: int = 4
     sampling: SamplingParams = SamplingParams()
     attention: str = "gather"
+    # Tokens per slot one generate dispatch decodes (an on-device loop). Higher hides more
+    # host time; a slot that stops early idles for the rest of the call, and the env sees
+    # a finished turn up to this many steps (plus one call, results being read a call
+    # late) after its last token.
+    decode_steps_per_call: int = 8
     # The request-level loop admits a request only if this many free-or-evictable pages
     # would remain for decode growth after its prefill (vLLM's watermark).
     admission_watermark_pages: int = 1
 
     def __post_init__(self):
         for name in ("page_size", "num_pages", "max_slots", "max_pages_per_seq",
-                     "max_stop_tokens"):
+                     "max_stop_tokens", "decode_steps_per_call"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

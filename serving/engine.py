@@ -83,6 +83,14 @@ class EngineMetrics:
 class _Slot:
     request_id: Hashable
     task_id: Hashable
+    max_new: int
+    steps_dispatched: int = 0  # generate steps dispatched since insert
+
+    def may_decode(self, max_seq_len: int, prompt_len: int) -> bool:
+        """Whether another step could produce a token (False once max new tokens or the
+        max length is reached by the steps already dispatched; a stop id is not known)."""
+        return (1 + self.steps_dispatched < self.max_new
+                and prompt_len + self.steps_dispatched < max_seq_len)
 
 
 class Engine:
@@ -109,6 +117,12 @@ class Engine:
         self._slots: list[_Slot | None] = [None] * ec.max_slots
         self._request_ids = itertools.count()
         self._last_state: DecodeState | None = None
+        # The host's copy of every slot's page table, sent whole with each generate call
+        # (a multi-token call may need several new pages per slot).
+        self._page_table_BP = np.full((ec.max_slots, ec.max_pages_per_seq), self.pool.trash_page,
+                                      np.int32)
+        self._span_buckets = span_buckets(ec.max_pages_per_seq)
+        self._prompt_lens = [0] * ec.max_slots
         self._counts = {"prompt": 0, "cached": 0, "computed": 0, "padded": 0, "prefills": 0,
                         "steps": 0}
 
@@ -200,29 +214,53 @@ class Engine:
         if not self.pool.in_turn(prefix.task_id):
             raise ValueError(f"prefix of task {prefix.task_id!r} is no longer live")
         self._last_state = self._insert(decode_state, np.int32(slot), prefix.first, prefix.row)
-        self._slots[slot] = _Slot(prefix.request_id, prefix.task_id)
+        self._slots[slot] = _Slot(prefix.request_id, prefix.task_id,
+                                  prefix.sampling.max_new_tokens)
+        self._prompt_lens[slot] = len(prefix.prompt)
+        self._page_table_BP[slot] = prefix.row.page_row_P
         return self._last_state
 
-    def generate(self, params: Params, decode_state: DecodeState
+    def generate(self, params: Params, decode_state: DecodeState, num_steps: int | None = None
                  ) -> tuple[DecodeState, ResultTokens]:
-        """One token for every busy slot (donates `decode_state`; writes the KV pages).
+        """Up to `num_steps` (default `decode_steps_per_call`) tokens for every busy slot in
+        one dispatch (donates `decode_state`; writes the KV pages). Results `[num_steps, B, 6]`.
 
-        Raises `OutOfPages` (nothing dispatched) when a slot needs a page and none is free
-        or evictable; the caller frees or preempts a slot and retries.
+        Pages for all `num_steps` tokens are reserved first; what a slot that stopped early
+        did not use is given back when its turn ends. Raises `OutOfPages` (nothing
+        dispatched) when a slot needs a page and none is free or evictable; the caller
+        frees or preempts a slot and retries.
         """
         ec = self.engine_config
-        busy = [(i, s.task_id) for i, s in enumerate(self._slots) if s is not None]
-        short = [i for i, task in busy if self.pool.grow_needs_page(task)]
-        if len(short) > self.pool.available_pages():
-            raise OutOfPages(short[self.pool.available_pages():])
-        update = np.tile(np.array([ec.max_pages_per_seq, self.pool.trash_page], np.int32),
-                         (ec.max_slots, 1))
-        for slot, task in busy:
-            if self.pool.grow(task, 1):
-                pages = self.pool.pages.pages(task)
-                update[slot] = (len(pages) - 1, pages[-1])
-        self._kv, state, result = self._generate(params, self._kv, decode_state, update)
-        self._counts["steps"] += 1
+        num_steps = num_steps or ec.decode_steps_per_call
+        pool, pages = self.pool, self.pool.pages
+        plan, short, available = [], [], pool.available_pages()
+        for slot, entry in enumerate(self._slots):
+            if entry is None:
+                continue
+            held = pages.tokens(entry.task_id)
+            # Never past what the slot can still write: its max new tokens, the max length.
+            left = entry.max_new - 1 - entry.steps_dispatched
+            reserve = max(0, min(num_steps, ec.max_seq_len - held, left))
+            new_pages = pages.pages_for(held + reserve) - len(pages.pages(entry.task_id))
+            if new_pages > available:
+                short.append(slot)
+            else:
+                available -= new_pages
+                plan.append((slot, entry.task_id, reserve))
+        if short:
+            raise OutOfPages(short)
+        span = 1
+        for slot, task, reserve in plan:
+            if reserve > 0 and pool.grow(task, reserve):
+                row = pages.pages(task)
+                self._page_table_BP[slot, :len(row)] = row
+            span = max(span, len(pages.pages(task)))
+        span = next(b for b in self._span_buckets if b >= span)
+        self._kv, state, result = self._generate(num_steps, span, params, self._kv, decode_state,
+                                                 self._page_table_BP.copy())
+        self._counts["steps"] += num_steps
+        for slot, _, _ in plan:
+            self._slots[slot].steps_dispatched += num_steps
         self._last_state = state
         return state, result
 
@@ -242,6 +280,7 @@ class Engine:
         # is ordered after this slot's last write through the donated pool.
         self.pool.end_turn(entry.task_id, tokens, keep)
         self._slots[slot] = None
+        self._page_table_BP[slot] = self.pool.trash_page
         self._last_state = self._free(decode_state, np.int32(slot))
         return self._last_state
 
@@ -257,6 +296,7 @@ class Engine:
         if entry is None:
             raise ValueError(f"slot {slot} is already free")
         self._slots[slot] = None
+        self._page_table_BP[slot] = self.pool.trash_page
         self._last_state = self._free(decode_state, np.int32(slot))
         self.pool.abort_turn(entry.task_id)
         return self._last_state
@@ -289,6 +329,13 @@ class Engine:
     def slot_task(self, slot: int) -> Hashable | None:
         entry = self._slots[slot]
         return None if entry is None else entry.task_id
+
+    def slot_may_decode(self, slot: int) -> bool:
+        """Whether a further generate could still produce a token for `slot` (host-side
+        bound: max new tokens and max length; a stop id ends it earlier on the device)."""
+        entry = self._slots[slot]
+        return entry is not None and entry.may_decode(self.engine_config.max_seq_len,
+                                                      self._prompt_lens[slot])
 
     def free_slots(self) -> list[int]:
         return [i for i, s in enumerate(self._slots) if s is None]
@@ -331,6 +378,29 @@ class Engine:
             evicted_pages=self.pool.counters().evicted_pages,
             pages_used=usage.used_tokens // ps, pages_pinned=usage.pinned_tokens // ps,
             pages_cached=usage.cached_tokens // ps, pages_free=usage.free_tokens // ps)
+
+    def warm_up(self, params: Params | None = None) -> None:
+        """Compile every shape steady serving can hit (each prefill bucket; generate at
+        each attention span for `decode_steps_per_call` and for one step) now, not in the
+        middle of serving. Every write goes to the trash page; no slot may be busy."""
+        if any(s is not None for s in self._slots):
+            raise ValueError("warm_up needs every decode slot free")
+        ec = self.engine_config
+        params = self.params if params is None else params
+        trash_row = np.full((ec.max_pages_per_seq,), self.pool.trash_page, np.int32)
+        for bucket in ec.prefill_buckets:
+            self._kv, _ = self._prefill(
+                params, self._kv, np.zeros((bucket,), np.int32), np.int32(1), np.int32(0),
+                trash_row, np.bool_(False), np.uint32(0), np.float32(0), np.int32(0),
+                np.float32(1), np.int32(1), self._stop_row(ec.sampling))
+        for num_steps in sorted({ec.decode_steps_per_call, 1}):
+            for span in self._span_buckets:
+                idle = jax.device_put(steps.init_decode_state(
+                    ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
+                    self.pool.trash_page), self._replicated)
+                self._kv, _, result = self._generate(num_steps, span, params, self._kv, idle,
+                                                     self._page_table_BP.copy())
+        jax.block_until_ready(result.data)
 
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables per step function (flat in steady state)."""
@@ -379,12 +449,25 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     prefill = jax.jit(
         functools.partial(steps.prefill_step, config, attention, page_size, max_seq_len),
         donate_argnums=(1,), out_shardings=(kv_out, replicated))
+    # (num_steps, span_pages) are static: one executable per (k, span bucket).
     generate = jax.jit(
         functools.partial(steps.generate_step, config, attention, page_size, max_seq_len),
-        donate_argnums=(1, 2), out_shardings=(kv_out, replicated, replicated))
+        static_argnums=(0, 1), donate_argnums=(3, 4),
+        out_shardings=(kv_out, replicated, replicated))
     insert = jax.jit(steps.insert_step, donate_argnums=(0,), out_shardings=replicated)
     free = jax.jit(steps.free_step, donate_argnums=(0,), out_shardings=replicated)
     return prefill, generate, insert, free
+
+
+def span_buckets(max_pages_per_seq: int) -> tuple[int, ...]:
+    """Attention spans (pages) a generate call compiles for: powers of two, then the max.
+    A call reads the smallest holding its longest live sequence, so short batches read
+    little and a growing batch compiles at most log2(Pmax) + 1 shapes."""
+    spans, span = [], 1
+    while span < max_pages_per_seq:
+        spans.append(span)
+        span *= 2
+    return tuple(spans) + (max_pages_per_seq,)
 
 
 def engine_shardings(config: ModelConfig, mesh: jax.sharding.Mesh):

@@ -190,6 +190,9 @@ class KVPool:
             raise ValueError("pinning a task needs its tokens")
         record.in_turn = False
         if valid is not None:
+            # A decoder that reserved ahead (multi-token steps, results read a step late)
+            # holds more tokens than have K/V: give the unused tail back first.
+            self.pages.truncate(task_id, len(valid))
             self.pages.extend(task_id, 0, chain_hashes(valid, self.page_size))
             record.tokens = valid
         if pin:

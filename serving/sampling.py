@@ -46,20 +46,19 @@ def sample_tokens(logits_BV: jax.Array, key_data_B2: jax.Array, positions_B: jax
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = temperature_B <= 0
     scaled_BV = logits_BV / jnp.where(greedy_B, 1.0, temperature_B)[:, None]
+    # Selects, not `lax.cond`: a conditional's predicate is copied to the host on GPU. The
+    # batch-wide predicate keeps the tokens of the former cond version bit for bit (a row
+    # without top-k/top-p is filtered too when another row asks for it).
     needs_filter = jnp.any(~greedy_B & ((top_k_B > 0) | (top_p_B < 1.0)))
-    # Sorting the vocab is the costly part; skip it when no row asks for top-k/top-p.
-    filtered_BV = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda s, k, p: s,
-                               scaled_BV, top_k_B, top_p_B)
+    filtered_BV = jnp.where(needs_filter, _filter_top_k_top_p(scaled_BV, top_k_B, top_p_B),
+                            scaled_BV)
 
     def draw(key_data, position, row_V):
         key = jax.random.fold_in(jax.random.wrap_key_data(key_data), position)
         return jax.random.categorical(key, row_V)
 
     argmax_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    # All-greedy batches (evaluation) skip the draws entirely.
-    sampled_B = jax.lax.cond(
-        jnp.all(greedy_B), lambda: argmax_B,
-        lambda: jax.vmap(draw)(key_data_B2, positions_B, filtered_BV).astype(jnp.int32))
+    sampled_B = jax.vmap(draw)(key_data_B2, positions_B, filtered_BV).astype(jnp.int32)
     tokens_B = jnp.where(greedy_B, argmax_B, sampled_B)
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
     logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]

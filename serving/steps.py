@@ -62,24 +62,25 @@ class SlotRow:
 
 @struct.dataclass
 class ResultTokens:
-    """Packed `[B, 6]` int32 results (see the column constants): one device-to-host copy."""
+    """Packed int32 results (see the column constants): `[B, 6]` for a prefill's first
+    token, `[num_steps, B, 6]` for a generate call. One device-to-host copy."""
 
     data: jax.Array
 
     def to_host(self) -> HostResults:
         data = np.asarray(jax.device_get(self.data))
         return HostResults(
-            tokens=data[:, TOKEN].copy(),
-            logprobs=data[:, LOGPROB].copy().view(np.float32),
-            valid=data[:, VALID].astype(bool),
-            done=data[:, DONE].astype(bool),
-            positions=data[:, POSITION].copy(),
-            generated=data[:, GENERATED].copy(),
+            tokens=data[..., TOKEN].copy(),
+            logprobs=data[..., LOGPROB].copy().view(np.float32),
+            valid=data[..., VALID].astype(bool),
+            done=data[..., DONE].astype(bool),
+            positions=data[..., POSITION].copy(),
+            generated=data[..., GENERATED].copy(),
         )
 
 
 class HostResults(NamedTuple):
-    """Numpy view of `ResultTokens`, one entry per slot (or one for a prefill)."""
+    """Numpy view of `ResultTokens`: `[B]` (a prefill: `[1]`) or `[num_steps, B]`."""
 
     tokens: np.ndarray
     logprobs: np.ndarray
@@ -109,15 +110,17 @@ def init_decode_state(max_slots: int, max_pages_per_seq: int, max_stop_tokens: i
 
 
 def paged_hidden(config: ModelConfig, kernel: str, page_size: int, params: Params,
-                 kv: KVPages, tokens_BT, cached_len_B, page_table_BP, write_BT
-                 ) -> tuple[jax.Array, KVPages]:
+                 kv: KVPages, tokens_BT, cached_len_B, page_table_BP, write_BT,
+                 span_pages: int | None = None) -> tuple[jax.Array, KVPages]:
     """Hidden states of a chunk at positions `cached_len_B + t`, over the cached pages.
 
-    Writes the chunk's K/V into the pool where `write_BT`; other tokens go to the trash page.
+    Attention reads only the first `span_pages` pages of each row (static; None: all), so
+    the caller bounds the gather by the live lengths. Writes the chunk's K/V into the pool
+    where `write_BT`; other tokens go to the trash page.
     """
     chunk = tokens_BT.shape[1]
     positions_BT = cached_len_B[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None]
-    aux = PagedAux(kv.k, kv.v, page_table_BP, cached_len_B, kernel)
+    aux = PagedAux(kv.k, kv.v, page_table_BP[:, :span_pages], cached_len_B, kernel)
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
     hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_BT, positions_BT,
                                             paged_attend, layers, aux)
@@ -158,36 +161,45 @@ def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: 
 
 
 def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
-                  params: Params, kv: KVPages, state: DecodeState, page_update_B2
-                  ) -> tuple[KVPages, DecodeState, ResultTokens]:
-    """One decode step for every slot.
+                  num_steps: int, span_pages: int, params: Params, kv: KVPages,
+                  state: DecodeState, page_table_BP) -> tuple[KVPages, DecodeState, ResultTokens]:
+    """`num_steps` decode steps for every slot in one call (a fixed-trip on-device loop:
+    no early exit, whose predicate would be a host sync on GPU). A slot stops on a stop
+    id, its max new tokens or the max length; later steps leave it untouched (`valid` 0).
 
-    `page_update_B2[b] = (index, page)` first sets `page_table[b, index] = page` (index
-    `Pmax` means no update): the host hands out a slot's next page just in time.
+    `page_table_BP` is the host's page table: it already holds the pages of every token
+    the call may write (the host reserves `num_steps` ahead). Attention reads the first
+    `span_pages` pages of each row (static, bucketed by the host over the live lengths).
+    Returns results `[num_steps, B, 6]`.
     """
     TRACE_COUNTS["generate"] += 1
-    batch = state.page_table_BP.shape[0]
-    index_B, page_B = page_update_B2[:, 0], page_update_B2[:, 1]
-    page_table = state.page_table_BP.at[jnp.arange(batch), index_B].set(page_B, mode="drop")
-    active = state.active_B
-    hidden, kv = paged_hidden(config, kernel, page_size, params, kv, state.tokens_B[:, None],
-                              state.lengths_B, page_table, active[:, None])
-    logits = _logits(config, params, hidden[:, 0])
-    new_len = state.lengths_B + active.astype(jnp.int32)
-    token, logprob = sample_tokens(logits, state.key_data_B2, new_len, state.temperature_B,
-                                   state.top_k_B, state.top_p_B)
-    generated = state.generated_B + active.astype(jnp.int32)
-    is_stop = jnp.any(token[:, None] == state.stop_BS, axis=1)
-    # The next step would write this token's K/V at new_len; stop when that cannot fit.
-    done = active & (is_stop | (generated >= state.max_new_B) | (new_len >= max_seq_len))
-    data = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
-                      active.astype(jnp.int32), done.astype(jnp.int32), new_len, generated],
-                     axis=1)
-    state = state.replace(
-        tokens_B=jnp.where(active, token, state.tokens_B), lengths_B=new_len,
-        page_table_BP=page_table, active_B=active & ~done, generated_B=generated,
-        decode_tokens=state.decode_tokens + jnp.sum(active, dtype=jnp.int32))
-    return kv, state, ResultTokens(data)
+
+    def one_step(carry, _):
+        kv, state = carry
+        active = state.active_B
+        hidden, kv = paged_hidden(config, kernel, page_size, params, kv,
+                                  state.tokens_B[:, None], state.lengths_B, page_table_BP,
+                                  active[:, None], span_pages)
+        logits = _logits(config, params, hidden[:, 0])
+        new_len = state.lengths_B + active.astype(jnp.int32)
+        token, logprob = sample_tokens(logits, state.key_data_B2, new_len, state.temperature_B,
+                                       state.top_k_B, state.top_p_B)
+        generated = state.generated_B + active.astype(jnp.int32)
+        is_stop = jnp.any(token[:, None] == state.stop_BS, axis=1)
+        # The next step would write this token's K/V at new_len; stop when that cannot fit.
+        done = active & (is_stop | (generated >= state.max_new_B) | (new_len >= max_seq_len))
+        data_B6 = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
+                             active.astype(jnp.int32), done.astype(jnp.int32), new_len,
+                             generated], axis=1)
+        state = state.replace(
+            tokens_B=jnp.where(active, token, state.tokens_B), lengths_B=new_len,
+            active_B=active & ~done, generated_B=generated,
+            decode_tokens=state.decode_tokens + jnp.sum(active, dtype=jnp.int32))
+        return (kv, state), data_B6
+
+    state = state.replace(page_table_BP=page_table_BP)
+    (kv, state), data_KB6 = jax.lax.scan(one_step, (kv, state), None, length=num_steps)
+    return kv, state, ResultTokens(data_KB6)
 
 
 def insert_step(state: DecodeState, slot, first: ResultTokens, row: SlotRow) -> DecodeState:

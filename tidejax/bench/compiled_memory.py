@@ -174,7 +174,8 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
     state = jax.eval_shape(lambda: serving_steps.init_decode_state(
         ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens, 0))
     state = jax.tree.map(lambda a: scalar(a.dtype, a.shape), state)
-    gen = generate.lower(params, kv, state, scalar(i32, (ec.max_slots, 2))).compile()
+    gen = generate.lower(ec.decode_steps_per_call, ec.max_pages_per_seq, params, kv, state,
+                         scalar(i32, (ec.max_slots, ec.max_pages_per_seq))).compile()
     return {"prefill": _program(pre), "decode": _program(gen)}
 
 
