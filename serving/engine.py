@@ -121,7 +121,8 @@ class Engine:
         # (a multi-token call may need several new pages per slot).
         self._page_table_BP = np.full((ec.max_slots, ec.max_pages_per_seq), self.pool.trash_page,
                                       np.int32)
-        self._span_buckets = span_buckets(ec.max_pages_per_seq)
+        self._span_buckets = (span_buckets(ec.max_pages_per_seq) if ec.attention_span == "live"
+                              else (ec.max_pages_per_seq,))
         self._prompt_lens = [0] * ec.max_slots
         self._counts = {"prompt": 0, "cached": 0, "computed": 0, "padded": 0, "prefills": 0,
                         "steps": 0}

@@ -3,7 +3,7 @@
 import numpy as np
 from tidejax.serving import Request, RequestLoop, SamplingParams
 from tidejax.serving.steps import TRACE_COUNTS
-from tidejax.serving.testing import tiny_engine
+from tidejax.serving.testing import tiny_engine, tiny_engine_config
 
 
 def varied_requests(rng, count, start):
@@ -18,7 +18,7 @@ def varied_requests(rng, count, start):
 
 
 def test_compilations_stay_flat_over_hundreds_of_calls():
-    engine = tiny_engine()
+    engine = tiny_engine(tiny_engine_config(attention_span="live"))
     engine.warm_up()
     warm = engine.compile_counts()
     # Each prefill bucket; generate at each attention span (1, 2, 4, 8, 16 pages) for

@@ -171,3 +171,31 @@ def test_loop_reports_a_stall_when_pinned_pages_block_admission():
     loop.unpin("A")
     (done,) = list(loop.run())
     assert done.request_id == "b"
+
+
+def test_results_are_read_one_dispatch_late_and_dispatches_stop_when_not_needed():
+    """Step 1 dispatches and reads nothing; step 2 dispatches and reads step 1; step 3
+    needs no dispatch (max new tokens reached by those made) and reads step 2."""
+    engine = MockEngine(CONFIG.replace(decode_steps_per_call=1))
+    loop = RequestLoop(engine)
+    loop.submit(Request("a", "t", [1, 2, 3], 3))
+    per_step = [[c.token_ids for c in loop.step()] for _ in range(3)]
+    assert per_step == [[], [], [(4, 5, 6)]]
+    assert engine.metrics().decode_steps == 2 and loop.idle
+
+
+def test_multi_token_dispatch_stops_each_slot_and_returns_unused_pages():
+    """Eight tokens per dispatch: a slot hitting a stop id mid-call stops there while the
+    other decodes on; pinning keeps only the pages of tokens with K/V."""
+    engine = MockEngine(CONFIG.replace(decode_steps_per_call=8, num_pages=32))
+    loop = RequestLoop(engine)
+    loop.pin("A")
+    loop.submit(Request("a", "A", [1, 2, 3], 20, SamplingParams(stop_token_ids=(6,))))
+    loop.submit(Request("b", "B", [40, 41], 20))
+    done = {c.request_id: c for c in loop.run()}
+    assert done["a"].token_ids == (4, 5, 6) and done["a"].finish_reason == "stop"
+    assert done["b"].token_ids == tuple(range(42, 62))
+    # A holds 3 prompt + 2 fed-back tokens with K/V: 2 pages of 4, not the 3 it reserved.
+    assert engine.accounting().pinned_tokens == 8
+    assert engine.pool.pages.tokens("A") == 5
+    engine.pool.check()
