@@ -77,6 +77,11 @@ class EngineConfig:
     # (less memory traffic; logits move by float rounding, ~1e-6 relative, so a sampled
     # token can in rare near-ties differ from "full").
     attention_span: str = "full"
+    # Prefill several admitted requests' new tokens packed in calls of the largest bucket
+    # (segment ids; a request splits across calls where one fills), so only a batch's
+    # last call pads. Off by default: the attention reduction differs from the one-request
+    # prefill's, so logits move by float rounding (tokens can differ in rare near-ties).
+    prefill_packing: bool = False
     # Tokens per slot one generate dispatch decodes (an on-device loop). Higher hides more
     # host time; a slot that stops early idles for the rest of the call, and the env sees
     # a finished turn up to this many steps (plus one call, results being read a call

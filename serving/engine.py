@@ -58,6 +58,20 @@ class Prefix:
 
 
 @dataclasses.dataclass(frozen=True)
+class PendingPrefill:
+    """A request whose pages `begin_prefill` took; `finish_prefills` computes it."""
+
+    request_id: Hashable
+    task_id: Hashable
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    start: int  # first prompt token to compute (the rest is cached)
+    write: bool  # False: the whole prompt was cached; only the last token's logits run
+    cached_tokens: int
+    page_row: np.ndarray  # [Pmax] the task's pages, trash-padded
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineMetrics:
     """Cumulative engine counters. Hit rate = prompt tokens served from cache / needed."""
 
@@ -106,7 +120,8 @@ class Engine:
         self._init_host(ec)
         self._kv = init_kv_pages(config, ec.num_pages, ec.page_size, self.kv_sharding)
         self.params = self.load_params(params)
-        self._prefill, self._generate, self._insert, self._free = _compiled_steps(
+        (self._prefill, self._generate, self._insert, self._free,
+         self._packed_prefill) = _compiled_steps(
             config, ec.attention, ec.page_size, ec.max_seq_len, self.kv_sharding,
             self._replicated)
 
@@ -178,6 +193,15 @@ class Engine:
         request its own task. Prompts longer than the largest bucket run in chunks. Raises
         `PoolFull` if the pool cannot hold the prompt (nothing changed).
         """
+        pending = self.begin_prefill(tokens, task_id, sampling, request_id)
+        return self.finish_prefills(params, [pending])[0]
+
+    def begin_prefill(self, tokens: Sequence[int], task_id: Hashable = None,
+                      sampling: SamplingParams | None = None, request_id: Hashable = None
+                      ) -> PendingPrefill:
+        """Host half of `prefill`: take the prompt's pages (reusing cached ones) now, so the
+        next request's `can_prefill` sees them gone; `finish_prefills` computes. Raises
+        `PoolFull` (nothing changed)."""
         ec = self.engine_config
         sampling = sampling or ec.sampling
         if len(sampling.stop_token_ids) > ec.max_stop_tokens:
@@ -190,23 +214,39 @@ class Engine:
         if any(s is not None and s.task_id == task_id for s in self._slots):
             raise ValueError(f"task {task_id!r} is decoding in a slot")
         plan = self.pool.begin_turn(task_id, prompt)
-        page_row = self.pool.page_row(task_id)
+        return PendingPrefill(request_id, task_id, prompt, sampling, plan.start, plan.write,
+                              plan.cached_tokens, self.pool.page_row(task_id))
+
+    def finish_prefills(self, params: Params, pending: Sequence[PendingPrefill]) -> list[Prefix]:
+        """Compute begun prefills and sample their first tokens, in order. With
+        `prefill_packing`, several requests' new tokens share each call (segment ids);
+        otherwise one request at a time, padded to its bucket. On error every one of them
+        is aborted (its pages released)."""
         try:
-            first = self._run_prefill(params, prompt, plan.start, plan.write, page_row, sampling)
+            if self.engine_config.prefill_packing:
+                firsts = self._run_packed_prefills(params, pending)
+            else:
+                firsts = [self._run_prefill(params, p.prompt, p.start, p.write, p.page_row,
+                                            p.sampling) for p in pending]
         except Exception:
-            self.pool.abort_turn(task_id, kv_written=False)
+            for p in pending:
+                self.pool.abort_turn(p.task_id, kv_written=False)
             raise
-        computed = len(prompt) - plan.start
-        self._counts["prompt"] += len(prompt)
-        self._counts["cached"] += plan.cached_tokens
-        self._counts["computed"] += computed
-        row = SlotRow(length=np.int32(len(prompt)), page_row_P=page_row,
-                      max_new=np.int32(sampling.max_new_tokens), stop_S=self._stop_row(sampling),
-                      temperature=np.float32(sampling.temperature),
-                      top_k=np.int32(sampling.top_k), top_p=np.float32(sampling.top_p),
-                      seed=np.uint32(sampling.seed))
-        return Prefix(request_id, task_id, prompt, sampling, first, row, plan.cached_tokens,
-                      computed)
+        prefixes = []
+        for p, first in zip(pending, firsts):
+            self._counts["prompt"] += len(p.prompt)
+            self._counts["cached"] += p.cached_tokens
+            self._counts["computed"] += len(p.prompt) - p.start
+            sampling = p.sampling
+            row = SlotRow(length=np.int32(len(p.prompt)), page_row_P=p.page_row,
+                          max_new=np.int32(sampling.max_new_tokens),
+                          stop_S=self._stop_row(sampling),
+                          temperature=np.float32(sampling.temperature),
+                          top_k=np.int32(sampling.top_k), top_p=np.float32(sampling.top_p),
+                          seed=np.uint32(sampling.seed))
+            prefixes.append(Prefix(p.request_id, p.task_id, p.prompt, sampling, first, row,
+                                   p.cached_tokens, len(p.prompt) - p.start))
+        return prefixes
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         """Start decoding `prefix` in the free `slot` (donates `decode_state`)."""
@@ -407,7 +447,7 @@ class Engine:
         """Compiled executables per step function (flat in steady state)."""
         return {name: fn._cache_size() for name, fn in (
             ("prefill", self._prefill), ("generate", self._generate), ("insert", self._insert),
-            ("free", self._free))}
+            ("free", self._free), ("packed_prefill", self._packed_prefill))}
 
     # ------------------------------------------------------------ internals
     def _run_prefill(self, params, prompt, start, write, page_row, sampling) -> ResultTokens:
@@ -429,6 +469,80 @@ class Engine:
             start += num_new
             if start >= len(prompt):
                 return first
+
+    def _run_packed_prefills(self, params, pending: Sequence[PendingPrefill]) -> list[ResultTokens]:
+        """Pack the requests' new tokens into calls of the largest bucket (at most
+        `max_slots` segments each), splitting a request across calls where a call fills.
+        Only the last call pads (to its bucket). Returns each request's first token."""
+        ec = self.engine_config
+        capacity, segments = ec.prefill_buckets[-1], ec.max_slots
+        firsts: list[ResultTokens | None] = [None] * len(pending)
+        call: list[tuple[int, int, int]] = []  # (request index, first token, tokens)
+        room, written = capacity, set()  # pages the call being packed writes
+        ps = ec.page_size
+        for index, p in enumerate(pending):
+            done = p.start
+            while done < len(p.prompt):
+                # A prefix hit on pages an earlier request of this call writes: those K/V
+                # exist only after the call, so this request starts the next one.
+                if written.intersection(p.page_row[:-(-done // ps)].tolist()):
+                    self._packed_call(params, pending, call, firsts)
+                    call, room, written = [], capacity, set()
+                take = min(len(p.prompt) - done, room)
+                call.append((index, done, take))
+                if p.write:
+                    written.update(p.page_row[done // ps:-(-(done + take) // ps)].tolist())
+                done += take
+                room -= take
+                if room == 0 or len(call) == segments:
+                    self._packed_call(params, pending, call, firsts)
+                    call, room, written = [], capacity, set()
+        if call:
+            self._packed_call(params, pending, call, firsts)
+        return firsts
+
+    def _packed_call(self, params, pending, call, firsts) -> None:
+        ec = self.engine_config
+        segments = ec.max_slots
+        used = sum(take for _, _, take in call)
+        bucket = ec.bucket_for(used)
+        tokens_T = np.zeros((bucket,), np.int32)
+        segment_T = np.full((bucket,), -1, np.int32)
+        offset_T = np.zeros((bucket,), np.int32)
+        cached_R = np.zeros((segments,), np.int32)
+        table_RP = np.full((segments, ec.max_pages_per_seq), self.pool.trash_page, np.int32)
+        last_R = np.zeros((segments,), np.int32)
+        write_R = np.zeros((segments,), bool)
+        sample_R = np.zeros((segments,), bool)
+        seed_R = np.zeros((segments,), np.uint32)
+        temperature_R = np.zeros((segments,), np.float32)
+        top_k_R = np.zeros((segments,), np.int32)
+        top_p_R = np.ones((segments,), np.float32)
+        max_new_R = np.ones((segments,), np.int32)
+        stop_RS = np.full((segments, ec.max_stop_tokens), -1, np.int32)
+        at, span = 0, 1
+        for r, (index, first, take) in enumerate(call):
+            p = pending[index]
+            tokens_T[at:at + take] = p.prompt[first:first + take]
+            segment_T[at:at + take] = r
+            offset_T[at:at + take] = np.arange(take)
+            cached_R[r], table_RP[r], last_R[r], write_R[r] = first, p.page_row, at + take - 1, p.write
+            sample_R[r] = first + take == len(p.prompt)
+            s = p.sampling
+            seed_R[r], temperature_R[r], top_k_R[r], top_p_R[r] = (s.seed, s.temperature, s.top_k,
+                                                                   s.top_p)
+            max_new_R[r], stop_RS[r] = s.max_new_tokens, self._stop_row(s)
+            span = max(span, self.pool.pages.pages_for(first))
+            at += take
+        span = next(b for b in self._span_buckets if b >= span)
+        self._kv, result = self._packed_prefill(
+            span, params, self._kv, tokens_T, segment_T, offset_T, cached_R, table_RP, last_R,
+            write_R, sample_R, seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS)
+        self._counts["padded"] += bucket
+        self._counts["prefills"] += 1
+        for r, (index, first, take) in enumerate(call):
+            if sample_R[r]:
+                firsts[index] = ResultTokens(result.data[r:r + 1])
 
     def _stop_row(self, sampling: SamplingParams) -> np.ndarray:
         stop = np.full((self.engine_config.max_stop_tokens,), -1, np.int32)
@@ -457,7 +571,10 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
         out_shardings=(kv_out, replicated, replicated))
     insert = jax.jit(steps.insert_step, donate_argnums=(0,), out_shardings=replicated)
     free = jax.jit(steps.free_step, donate_argnums=(0,), out_shardings=replicated)
-    return prefill, generate, insert, free
+    packed_prefill = jax.jit(
+        functools.partial(steps.packed_prefill_step, config, page_size, max_seq_len),
+        static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
+    return prefill, generate, insert, free, packed_prefill
 
 
 def span_buckets(max_pages_per_seq: int) -> tuple[int, ...]:

@@ -308,12 +308,14 @@ class RequestLoop:
         engine = self.engine
         admitted = 0
         order = self.policy.admission_order([r for r, _ in self._waiting], self.view())
+        batch, claimed = [], set()
+        running = {a.task_id for a in self._active.values()}
         for request in order:
-            free = engine.free_slots()
+            free = [slot for slot in engine.free_slots() if slot not in claimed]
             if not free:
                 break
             task_id = request.task_id if request.task_id is not None else request.request_id
-            if task_id in {a.task_id for a in self._active.values()}:
+            if task_id in running:
                 continue  # a task runs one turn at a time
             headroom = self.policy.headroom_pages(request, self.view())
             if not engine.can_prefill(task_id, request.prompt_token_ids, headroom):
@@ -321,16 +323,23 @@ class RequestLoop:
             sampling = (request.sampling or engine.engine_config.sampling).replace(
                 max_new_tokens=request.max_new_tokens)
             try:
-                prefix = engine.prefill(self.params, request.prompt_token_ids, task_id, sampling,
-                                        request.request_id)
+                begun = engine.begin_prefill(request.prompt_token_ids, task_id, sampling,
+                                             request.request_id)
             except PoolFull:
                 break
-            entry = self._pop_waiting(request)
-            slot = free[0]
-            self._state = engine.insert(prefix, self._state, slot)
-            self._active[slot] = _Active(request, task_id, self._steps, prefix.cached_tokens,
-                                         entry[1], prefix.first.data, self._dispatches)
-            admitted += 1
+            batch.append((self._pop_waiting(request), free[0], begun))
+            claimed.add(free[0])
+            running.add(task_id)
+        if batch:
+            # One call for all admitted prompts (packed when the engine packs prefills).
+            prefixes = engine.finish_prefills(self.params, [b for _, _, b in batch])
+            for (entry, slot, _), prefix in zip(batch, prefixes):
+                request = entry[0]
+                self._state = engine.insert(prefix, self._state, slot)
+                self._active[slot] = _Active(request, prefix.task_id, self._steps,
+                                             prefix.cached_tokens, entry[1], prefix.first.data,
+                                             self._dispatches)
+                admitted += 1
         if not admitted and self._waiting:
             self._stalls += 1
         return admitted

@@ -44,7 +44,7 @@ class MockEngine(Engine):
         return self._last_state
 
     def compile_counts(self) -> dict[str, int]:
-        return {"prefill": 0, "generate": 0, "insert": 0, "free": 0}
+        return {"prefill": 0, "generate": 0, "insert": 0, "free": 0, "packed_prefill": 0}
 
     # The four "device" steps, in numpy.
     def _row(self, token, done, position, generated, valid=1) -> np.ndarray:

@@ -16,7 +16,14 @@ from flax import struct
 from tidejax.models.config import ModelConfig
 from tidejax.models.model import Params, output_kernel, run_layers
 from tidejax.serving.kv_pool import KVPages
-from tidejax.serving.paged_attention import PagedAux, paged_attend, write_kv, write_slots
+from tidejax.serving.paged_attention import (
+    PackedAux,
+    PagedAux,
+    packed_attend,
+    paged_attend,
+    write_kv,
+    write_slots,
+)
 from tidejax.serving.sampling import sample_tokens, seed_key_data
 
 # Columns of the packed result array (int32; the log-prob is float32 bit-cast).
@@ -24,7 +31,8 @@ TOKEN, LOGPROB, VALID, DONE, POSITION, GENERATED = range(6)
 NUM_RESULT_COLUMNS = 6
 
 # Incremented each time a step function is traced: tests assert it stays flat.
-TRACE_COUNTS: dict[str, int] = {"prefill": 0, "generate": 0, "insert": 0, "free": 0}
+TRACE_COUNTS: dict[str, int] = {"prefill": 0, "packed_prefill": 0, "generate": 0, "insert": 0,
+                                 "free": 0}
 
 
 @struct.dataclass
@@ -158,6 +166,43 @@ def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: 
     data = jnp.stack([token[0], jax.lax.bitcast_convert_type(logprob[0], jnp.int32),
                       jnp.int32(1), done.astype(jnp.int32), position, jnp.int32(1)])
     return kv, ResultTokens(data[None])
+
+
+def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
+                        span_pages: int, params: Params, kv: KVPages, tokens_T, segment_T,
+                        offset_T, cached_len_R, page_table_RP, last_R, write_R, sample_R,
+                        seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS
+                        ) -> tuple[KVPages, ResultTokens]:
+    """Prefill pieces of up to R requests packed in one chunk (segment ids, no padding
+    between them). Segment r's tokens sit at positions `cached_len_R[r] + offset_T`; its
+    K/V is written where `write_R[r]`. For segments with `sample_R` (their prompt's last
+    piece) the token after index `last_R[r]` is sampled. Returns results `[R, 6]`.
+    """
+    TRACE_COUNTS["packed_prefill"] += 1
+    real_T = segment_T >= 0
+    seg_T = jnp.maximum(segment_T, 0)
+    positions_T = cached_len_R[seg_T] + offset_T
+    aux = PackedAux(kv.k, kv.v, page_table_RP[:, :span_pages], cached_len_R, segment_T)
+    layers = jnp.arange(config.num_layers, dtype=jnp.int32)
+    hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_T[None], positions_T[None],
+                                            packed_attend, layers, aux)
+    trash = kv.k.shape[1] - 1
+    index_T = jnp.clip(positions_T // page_size, 0, page_table_RP.shape[1] - 1)
+    page_T = jnp.where(real_T & write_R[seg_T], page_table_RP[seg_T, index_T], trash)
+    offset_in_page_T = positions_T % page_size
+    kv = KVPages(write_kv(kv.k, k_new, page_T[None], offset_in_page_T[None]),
+                 write_kv(kv.v, v_new, page_T[None], offset_in_page_T[None]))
+    logits = _logits(config, params, hidden_BTD[0, last_R])
+    position_R = positions_T[last_R] + 1
+    token, logprob = sample_tokens(logits, jax.vmap(seed_key_data)(seed_R), position_R,
+                                   temperature_R, top_k_R, top_p_R)
+    done = (jnp.any(token[:, None] == stop_RS, axis=1) | (max_new_R <= 1)
+            | (position_R >= max_seq_len))
+    ones = jnp.ones_like(token)
+    data = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
+                      sample_R.astype(jnp.int32), done.astype(jnp.int32), position_R, ones],
+                     axis=1)
+    return kv, ResultTokens(data)
 
 
 def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,

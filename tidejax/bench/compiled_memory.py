@@ -159,7 +159,7 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
         (model_config.num_layers, ec.num_pages + 1, ec.page_size, model_config.num_kv_heads,
          model_config.head_dim), model_config.jnp_dtype, sharding=kv_sharding)
     kv = KVPages(page, page)
-    prefill, generate, _, _ = _compiled_steps(model_config, ec.attention, ec.page_size,
+    prefill, generate, _, _, _ = _compiled_steps(model_config, ec.attention, ec.page_size,
                                               ec.max_seq_len, kv_sharding, replicated)
 
     def scalar(dtype, shape=()):
