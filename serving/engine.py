@@ -32,6 +32,7 @@ from tidejax.serving import steps
 from tidejax.serving.config import EngineConfig, SamplingParams
 from tidejax.serving.kv_pool import KVPages, KVPool, init_kv_pages
 from tidejax.serving.page_pool import PoolFull, PoolUsage
+from tidejax.serving.sampling import sampling_mode
 from tidejax.serving.steps import DecodeState, ResultTokens, SlotRow
 
 
@@ -139,6 +140,9 @@ class Engine:
         self._span_buckets = (span_buckets(ec.max_pages_per_seq) if ec.attention_span == "live"
                               else (ec.max_pages_per_seq,))
         self._prompt_lens = [0] * ec.max_slots
+        # Each slot's (temperature, top_k, top_p) as the device state holds them: set by
+        # insert, kept after free (as on the device), so the sampling mode matches.
+        self._slot_sampling = [(0.0, 0, 1.0)] * ec.max_slots
         self._counts = {"prompt": 0, "cached": 0, "computed": 0, "padded": 0, "prefills": 0,
                         "steps": 0}
 
@@ -258,6 +262,8 @@ class Engine:
         self._slots[slot] = _Slot(prefix.request_id, prefix.task_id,
                                   prefix.sampling.max_new_tokens)
         self._prompt_lens[slot] = len(prefix.prompt)
+        s = prefix.sampling
+        self._slot_sampling[slot] = (s.temperature, s.top_k, s.top_p)
         self._page_table_BP[slot] = prefix.row.page_row_P
         return self._last_state
 
@@ -297,8 +303,9 @@ class Engine:
                 self._page_table_BP[slot, :len(row)] = row
             span = max(span, len(pages.pages(task)))
         span = next(b for b in self._span_buckets if b >= span)
-        self._kv, state, result = self._generate(num_steps, span, params, self._kv, decode_state,
-                                                 self._page_table_BP.copy())
+        self._kv, state, result = self._generate(num_steps, span,
+                                                 sampling_mode(self._slot_sampling), params,
+                                                 self._kv, decode_state, self._page_table_BP.copy())
         self._counts["steps"] += num_steps
         for slot, _, _ in plan:
             self._slots[slot].steps_dispatched += num_steps
@@ -429,18 +436,19 @@ class Engine:
         ec = self.engine_config
         params = self.params if params is None else params
         trash_row = np.full((ec.max_pages_per_seq,), self.pool.trash_page, np.int32)
-        for bucket in ec.prefill_buckets:
+        modes = ((False, False), (False, True), (True, True))  # greedy, sampled, filtered
+        for mode, bucket in itertools.product(modes, ec.prefill_buckets):
             self._kv, _ = self._prefill(
-                params, self._kv, np.zeros((bucket,), np.int32), np.int32(1), np.int32(0),
-                trash_row, np.bool_(False), np.uint32(0), np.float32(0), np.int32(0),
-                np.float32(1), np.int32(1), self._stop_row(ec.sampling))
-        for num_steps in sorted({ec.decode_steps_per_call, 1}):
-            for span in self._span_buckets:
-                idle = jax.device_put(steps.init_decode_state(
-                    ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
-                    self.pool.trash_page), self._replicated)
-                self._kv, _, result = self._generate(num_steps, span, params, self._kv, idle,
-                                                     self._page_table_BP.copy())
+                mode, params, self._kv, np.zeros((bucket,), np.int32), np.int32(1),
+                np.int32(0), trash_row, np.bool_(False), np.uint32(0), np.float32(0),
+                np.int32(0), np.float32(1), np.int32(1), self._stop_row(ec.sampling))
+        for mode, num_steps, span in itertools.product(
+                modes, sorted({ec.decode_steps_per_call, 1}), self._span_buckets):
+            idle = jax.device_put(steps.init_decode_state(
+                ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
+                self.pool.trash_page), self._replicated)
+            self._kv, _, result = self._generate(num_steps, span, mode, params, self._kv, idle,
+                                                 self._page_table_BP.copy())
         jax.block_until_ready(result.data)
 
     def compile_counts(self) -> dict[str, int]:
@@ -460,7 +468,7 @@ class Engine:
             chunk = np.zeros((bucket,), np.int32)
             chunk[:num_new] = prompt[start:start + num_new]
             self._kv, first = self._prefill(
-                params, self._kv, chunk, np.int32(num_new), np.int32(start), page_row,
+                sampling_mode([(sampling.temperature, sampling.top_k, sampling.top_p)]), params, self._kv, chunk, np.int32(num_new), np.int32(start), page_row,
                 np.bool_(write), np.uint32(sampling.seed), np.float32(sampling.temperature),
                 np.int32(sampling.top_k), np.float32(sampling.top_p),
                 np.int32(sampling.max_new_tokens), self._stop_row(sampling))
@@ -535,8 +543,9 @@ class Engine:
             span = max(span, self.pool.pages.pages_for(first))
             at += take
         span = next(b for b in self._span_buckets if b >= span)
+        mode = sampling_mode(zip(temperature_R.tolist(), top_k_R.tolist(), top_p_R.tolist()))
         self._kv, result = self._packed_prefill(
-            span, params, self._kv, tokens_T, segment_T, offset_T, cached_R, table_RP, last_R,
+            span, mode, params, self._kv, tokens_T, segment_T, offset_T, cached_R, table_RP, last_R,
             write_R, sample_R, seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS)
         self._counts["padded"] += bucket
         self._counts["prefills"] += 1
@@ -561,19 +570,20 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     """The jitted steps, shared by engines of equal shapes so a rebuilt engine (new rank,
     new weights) does not recompile. Compiled lazily, once per input shape (bucket)."""
     kv_out = KVPages(kv_sharding, kv_sharding)
+    # Static arguments: the sampling mode (all steps), and (num_steps, span_pages) of
+    # generate / span_pages of a packed prefill. One executable per combination in use.
     prefill = jax.jit(
         functools.partial(steps.prefill_step, config, attention, page_size, max_seq_len),
-        donate_argnums=(1,), out_shardings=(kv_out, replicated))
-    # (num_steps, span_pages) are static: one executable per (k, span bucket).
+        static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
     generate = jax.jit(
         functools.partial(steps.generate_step, config, attention, page_size, max_seq_len),
-        static_argnums=(0, 1), donate_argnums=(3, 4),
+        static_argnums=(0, 1, 2), donate_argnums=(4, 5),
         out_shardings=(kv_out, replicated, replicated))
     insert = jax.jit(steps.insert_step, donate_argnums=(0,), out_shardings=replicated)
     free = jax.jit(steps.free_step, donate_argnums=(0,), out_shardings=replicated)
     packed_prefill = jax.jit(
         functools.partial(steps.packed_prefill_step, config, page_size, max_seq_len),
-        static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
+        static_argnums=(0, 1), donate_argnums=(3,), out_shardings=(kv_out, replicated))
     return prefill, generate, insert, free, packed_prefill
 
 

@@ -51,7 +51,7 @@ class MockEngine(Engine):
         return np.array([token, self.logprob.view(np.int32), valid, done, position, generated],
                         np.int32)
 
-    def _mock_prefill(self, params, kv, tokens_T, num_new, cached_len, page_row_P, write, seed,
+    def _mock_prefill(self, mode, params, kv, tokens_T, num_new, cached_len, page_row_P, write, seed,
                       temperature, top_k, top_p, max_new, stop_S):
         token = (int(tokens_T[int(num_new) - 1]) + 1) % self.vocab_size
         position = int(cached_len) + int(num_new)
@@ -78,7 +78,7 @@ class MockEngine(Engine):
         state.active_B[int(slot)] = False
         return state
 
-    def _mock_generate(self, num_steps, span_pages, params, kv, state: DecodeState,
+    def _mock_generate(self, num_steps, span_pages, mode, params, kv, state: DecodeState,
                        page_table_BP):
         state = _copy(state).replace(page_table_BP=np.array(page_table_BP, copy=True))
         steps_data = []

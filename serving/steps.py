@@ -144,7 +144,7 @@ def _logits(config: ModelConfig, params: Params, hidden_BD) -> jax.Array:
 
 
 def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
-                 params: Params, kv: KVPages, tokens_T, num_new, cached_len, page_row_P, write,
+                 mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, num_new, cached_len, page_row_P, write,
                  seed, temperature, top_k, top_p, max_new, stop_S
                  ) -> tuple[KVPages, ResultTokens]:
     """Prefill one chunk of one sequence; sample the token after its last real token.
@@ -161,7 +161,7 @@ def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: 
     logits = _logits(config, params, last_D[None])
     position = cached_len + num_new
     token, logprob = sample_tokens(logits, seed_key_data(seed)[None], position[None],
-                                   temperature[None], top_k[None], top_p[None])
+                                   temperature[None], top_k[None], top_p[None], mode)
     done = jnp.any(token[0] == stop_S) | (max_new <= 1) | (position >= max_seq_len)
     data = jnp.stack([token[0], jax.lax.bitcast_convert_type(logprob[0], jnp.int32),
                       jnp.int32(1), done.astype(jnp.int32), position, jnp.int32(1)])
@@ -169,7 +169,7 @@ def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: 
 
 
 def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
-                        span_pages: int, params: Params, kv: KVPages, tokens_T, segment_T,
+                        span_pages: int, mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, segment_T,
                         offset_T, cached_len_R, page_table_RP, last_R, write_R, sample_R,
                         seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS
                         ) -> tuple[KVPages, ResultTokens]:
@@ -195,7 +195,7 @@ def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
     logits = _logits(config, params, hidden_BTD[0, last_R])
     position_R = positions_T[last_R] + 1
     token, logprob = sample_tokens(logits, jax.vmap(seed_key_data)(seed_R), position_R,
-                                   temperature_R, top_k_R, top_p_R)
+                                   temperature_R, top_k_R, top_p_R, mode)
     done = (jnp.any(token[:, None] == stop_RS, axis=1) | (max_new_R <= 1)
             | (position_R >= max_seq_len))
     ones = jnp.ones_like(token)
@@ -206,7 +206,8 @@ def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
 
 
 def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
-                  num_steps: int, span_pages: int, params: Params, kv: KVPages,
+                  num_steps: int, span_pages: int, mode: tuple[bool, bool], params: Params,
+                  kv: KVPages,
                   state: DecodeState, page_table_BP) -> tuple[KVPages, DecodeState, ResultTokens]:
     """`num_steps` decode steps for every slot in one call (a fixed-trip on-device loop:
     no early exit, whose predicate would be a host sync on GPU). A slot stops on a stop
@@ -215,6 +216,7 @@ def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len:
     `page_table_BP` is the host's page table: it already holds the pages of every token
     the call may write (the host reserves `num_steps` ahead). Attention reads the first
     `span_pages` pages of each row (static, bucketed by the host over the live lengths).
+    `mode` (static) is `sampling_mode` over every slot's sampling parameters.
     Returns results `[num_steps, B, 6]`.
     """
     TRACE_COUNTS["generate"] += 1
@@ -228,7 +230,7 @@ def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len:
         logits = _logits(config, params, hidden[:, 0])
         new_len = state.lengths_B + active.astype(jnp.int32)
         token, logprob = sample_tokens(logits, state.key_data_B2, new_len, state.temperature_B,
-                                       state.top_k_B, state.top_p_B)
+                                       state.top_k_B, state.top_p_B, mode)
         generated = state.generated_B + active.astype(jnp.int32)
         is_stop = jnp.any(token[:, None] == state.stop_BS, axis=1)
         # The next step would write this token's K/V at new_len; stop when that cannot fit.

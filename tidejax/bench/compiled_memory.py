@@ -167,14 +167,15 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
 
     i32, f32 = jnp.int32, jnp.float32
     chunk = ec.prefill_buckets[-1]
-    pre = prefill.lower(params, kv, scalar(i32, (chunk,)), scalar(i32), scalar(i32),
+    pre = prefill.lower((True, True), params, kv, scalar(i32, (chunk,)), scalar(i32), scalar(i32),
                         scalar(i32, (ec.max_pages_per_seq,)), scalar(jnp.bool_),
                         scalar(jnp.uint32), scalar(f32), scalar(i32), scalar(f32), scalar(i32),
                         scalar(i32, (ec.max_stop_tokens,))).compile()
     state = jax.eval_shape(lambda: serving_steps.init_decode_state(
         ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens, 0))
     state = jax.tree.map(lambda a: scalar(a.dtype, a.shape), state)
-    gen = generate.lower(ec.decode_steps_per_call, ec.max_pages_per_seq, params, kv, state,
+    gen = generate.lower(ec.decode_steps_per_call, ec.max_pages_per_seq, (True, True), params,
+                         kv, state,
                          scalar(i32, (ec.max_slots, ec.max_pages_per_seq))).compile()
     return {"prefill": _program(pre), "decode": _program(gen)}
 

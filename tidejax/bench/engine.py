@@ -23,7 +23,8 @@ HBM bandwidth from a table for accelerators, a measured numpy copy on a CPU. Hos
 step is the CPU time of the thread driving a `RequestLoop` (`time.thread_time`: device
 work runs on other threads) per decode step (one token for every slot). Prefill padding
 is the share of padded prefill tokens on a WebShop-shaped multi-turn trace (first prompt
-~400 tokens, ~350-token observations appended per turn, the job's (256, 768) buckets).
+~400 tokens, ~350-token observations appended per turn, the job's (256, 768) buckets),
+one request per call (the default) and packed (`prefill_packing=True`, the last line's).
 
 The last line is `engine_overhead_ratio=<engine tok/s / bare tok/s> request_level_hit_rate=<x>
 roofline_fraction=<x> host_ms_per_step=<y> prefill_padding=<z>`.
@@ -388,8 +389,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"request loop: host {host_ms:.3f} ms CPU per decode step (wall {wall_ms:.3f} ms)")
     trace_config = EngineConfig(page_size=16, num_pages=2048, max_slots=bench.slots,
                                 max_pages_per_seq=96, prefill_buckets=(256, 768))
-    padding = webshop_shaped_padding(config, params, trace_config)
-    print(f"webshop-shaped trace: prefill padding {padding:.3f} of prefill tokens")
+    unpacked = webshop_shaped_padding(config, params, trace_config)
+    padding = webshop_shaped_padding(config, params, trace_config.replace(prefill_packing=True))
+    print(f"webshop-shaped trace: prefill padding {unpacked:.3f} of prefill tokens one request "
+          f"per call (default), {padding:.3f} packed (prefill_packing=True; the last line's)")
     print(f"engine_overhead_ratio={engine_rate / bare_rate:.3f} request_level_hit_rate={hit_rate:.3f} "
           f"roofline_fraction={roofline:.4f} host_ms_per_step={host_ms:.3f} "
           f"prefill_padding={padding:.3f}")
