@@ -7,8 +7,10 @@ construction with the KV pages and the decode state donated. It owns the rank's 
 the host `KVPool` that decides which pages hold which tokens.
 
 A request's turn: `prefill` (allocate pages, reuse cached prefix pages, compute the rest,
-sample the first token) -> `insert` (into a decode slot) -> `generate` until the host sees
-`done` -> `free_slot(tokens=...)`, which indexes the sequence's full pages for reuse and
+sample the first token; `begin_prefill` + `finish_prefills` do it for several requests,
+packed in shared calls with `prefill_packing`) -> `insert` (into a decode slot) ->
+`generate` (up to `decode_steps_per_call` tokens per slot per dispatch, pages reserved
+ahead) until the host sees `done` -> `free_slot(tokens=...)`, which indexes the sequence's full pages for reuse and
 then either releases them (evictable: request-level serving) or keeps them pinned for the
 task's next turn (`pin`, the mechanism CTB uses). `accounting()` is what a scheduler reads.
 
@@ -427,16 +429,18 @@ class Engine:
             pages_used=usage.used_tokens // ps, pages_pinned=usage.pinned_tokens // ps,
             pages_cached=usage.cached_tokens // ps, pages_free=usage.free_tokens // ps)
 
-    def warm_up(self, params: Params | None = None) -> None:
+    def warm_up(self, params: Params | None = None,
+                modes: Sequence[tuple[bool, bool]] = ((False, False), (False, True), (True, True))
+                ) -> None:
         """Compile every shape steady serving can hit (each prefill bucket; generate at
-        each attention span for `decode_steps_per_call` and for one step) now, not in the
-        middle of serving. Every write goes to the trash page; no slot may be busy."""
+        each attention span for `decode_steps_per_call` and for one step; each sampling
+        mode in `modes`: greedy, sampled, top-k/top-p) now, not in the middle of serving.
+        Every write goes to the trash page; no slot may be busy."""
         if any(s is not None for s in self._slots):
             raise ValueError("warm_up needs every decode slot free")
         ec = self.engine_config
         params = self.params if params is None else params
         trash_row = np.full((ec.max_pages_per_seq,), self.pool.trash_page, np.int32)
-        modes = ((False, False), (False, True), (True, True))  # greedy, sampled, filtered
         for mode, bucket in itertools.product(modes, ec.prefill_buckets):
             self._kv, _ = self._prefill(
                 mode, params, self._kv, np.zeros((bucket,), np.int32), np.int32(1),

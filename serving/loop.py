@@ -219,6 +219,11 @@ class RequestLoop:
     def num_running(self) -> int:
         return len(self._active)
 
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens appended by generate dispatches so far (host count, no device read)."""
+        return self._decode_tokens
+
     def view(self) -> EngineView:
         engine = self.engine
         return EngineView(

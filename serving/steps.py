@@ -1,8 +1,11 @@
-"""Pure device steps of the engine: prefill a chunk, insert into a slot, generate one token.
+"""Pure device steps of the engine: prefill a chunk (one request, or several packed with
+segment ids), insert into a slot, generate up to k tokens per slot in one call.
 
-Each function is compiled once by `Engine` (per prefill bucket), with the KV pages and
-the decode state donated, so steady-state serving neither recompiles nor copies the pool.
-Shapes: B decode slots, T chunk tokens, Pmax pages per sequence, V vocab.
+Each function is compiled by `Engine` once per static shape (prefill bucket, attention
+span, tokens per call, sampling mode), with the KV pages and the decode state donated, so
+steady-state serving neither recompiles nor copies the pool. No step branches on device
+values: a generate call runs a fixed number of steps and slots stop by masks.
+Shapes: B decode slots, T chunk tokens, R packed segments, Pmax pages per sequence, V vocab.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from tidejax.serving import (
     SamplingParams,
     make_engine,
 )
+from tidejax.serving.sampling import sampling_mode
 from tidejax.serving.testing import random_params
 
 
@@ -97,7 +98,8 @@ def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: Sa
                                  prefill_buckets=(b.prompt_len,), sampling=sampling,
                                  **engine_changes)
     engine = make_engine(config, params, jax.devices()[:1], engine_config)
-    engine.warm_up()
+    engine.warm_up(modes=[sampling_mode([(sampling.temperature, sampling.top_k,
+                                          sampling.top_p)])])
     per_call = engine_config.decode_steps_per_call
     rng = np.random.default_rng(b.seed)
     box = [engine.init_decode_state()]
