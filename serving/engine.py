@@ -103,11 +103,10 @@ class _Slot:
     max_new: int
     steps_dispatched: int = 0  # generate steps dispatched since insert
 
-    def may_decode(self, max_seq_len: int, prompt_len: int) -> bool:
-        """Whether another step could produce a token (False once max new tokens or the
-        max length is reached by the steps already dispatched; a stop id is not known)."""
-        return (1 + self.steps_dispatched < self.max_new
-                and prompt_len + self.steps_dispatched < max_seq_len)
+    def steps_left(self, max_seq_len: int, prompt_len: int) -> int:
+        """Steps that can still produce a token: until max new tokens or the max length,
+        counting the steps already dispatched (a stop id, unknown here, ends it sooner)."""
+        return max(0, min(self.max_new - 1, max_seq_len - prompt_len) - self.steps_dispatched)
 
 
 class Engine:
@@ -380,12 +379,12 @@ class Engine:
         entry = self._slots[slot]
         return None if entry is None else entry.task_id
 
-    def slot_may_decode(self, slot: int) -> bool:
-        """Whether a further generate could still produce a token for `slot` (host-side
-        bound: max new tokens and max length; a stop id ends it earlier on the device)."""
+    def slot_steps_left(self, slot: int) -> int:
+        """Generate steps that could still produce a token for `slot` (host-side bound:
+        max new tokens and max length; a stop id ends it earlier on the device)."""
         entry = self._slots[slot]
-        return entry is not None and entry.may_decode(self.engine_config.max_seq_len,
-                                                      self._prompt_lens[slot])
+        return 0 if entry is None else entry.steps_left(self.engine_config.max_seq_len,
+                                                        self._prompt_lens[slot])
 
     def free_slots(self) -> list[int]:
         return [i for i, s in enumerate(self._slots) if s is None]
@@ -433,7 +432,7 @@ class Engine:
                 modes: Sequence[tuple[bool, bool]] = ((False, False), (False, True), (True, True))
                 ) -> None:
         """Compile every shape steady serving can hit (each prefill bucket; generate at
-        each attention span for `decode_steps_per_call` and for one step; each sampling
+        each attention span for each of `steps_per_call_options`; each sampling
         mode in `modes`: greedy, sampled, top-k/top-p) now, not in the middle of serving.
         Every write goes to the trash page; no slot may be busy."""
         if any(s is not None for s in self._slots):
@@ -447,7 +446,7 @@ class Engine:
                 np.int32(0), trash_row, np.bool_(False), np.uint32(0), np.float32(0),
                 np.int32(0), np.float32(1), np.int32(1), self._stop_row(ec.sampling))
         for mode, num_steps, span in itertools.product(
-                modes, sorted({ec.decode_steps_per_call, 1}), self._span_buckets):
+                modes, steps_per_call_options(ec.decode_steps_per_call), self._span_buckets):
             idle = jax.device_put(steps.init_decode_state(
                 ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
                 self.pool.trash_page), self._replicated)
@@ -589,6 +588,14 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
         functools.partial(steps.packed_prefill_step, config, page_size, max_seq_len),
         static_argnums=(0, 1), donate_argnums=(3,), out_shardings=(kv_out, replicated))
     return prefill, generate, insert, free, packed_prefill
+
+
+def steps_per_call_options(most: int) -> tuple[int, ...]:
+    """Tokens per generate call the loop may ask for: `most`, halved down to 1."""
+    options = [most]
+    while options[-1] > 1:
+        options.append(options[-1] // 2)
+    return tuple(options)
 
 
 def span_buckets(max_pages_per_seq: int) -> tuple[int, ...]:

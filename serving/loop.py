@@ -33,7 +33,7 @@ from typing import Protocol
 import jax
 import numpy as np
 from tidejax.serving.config import SamplingParams
-from tidejax.serving.engine import Engine, EngineMetrics, OutOfPages
+from tidejax.serving.engine import Engine, EngineMetrics, OutOfPages, steps_per_call_options
 from tidejax.serving.page_pool import PoolFull, PoolUsage
 from tidejax.serving.steps import DONE, LOGPROB, TOKEN, VALID
 
@@ -247,10 +247,13 @@ class RequestLoop:
             return []
         start = self._clock()
         previous = self._pending
-        if any(self.engine.slot_may_decode(slot) for slot in self._active):
+        steps_left = [self.engine.slot_steps_left(slot) for slot in self._active]
+        if any(steps_left):
+            num_steps = self._steps_per_call(steps_left)
             while True:
                 try:
-                    self._state, result = self.engine.generate(self.params, self._state)
+                    self._state, result = self.engine.generate(self.params, self._state,
+                                                               num_steps)
                     break
                 except OutOfPages:
                     self._preempt_one()
@@ -271,6 +274,16 @@ class RequestLoop:
         self._decode_seconds += self._clock() - start
         self._steps += 1
         return done
+
+    def _steps_per_call(self, steps_left: list[int]) -> int:
+        """`decode_steps_per_call`, halved (to an option the engine compiled) while requests
+        wait and a running one would finish by length inside the call: its slot would idle
+        for the rest of the call and, results being read a call late, the next one too."""
+        options = steps_per_call_options(self.engine.engine_config.decode_steps_per_call)
+        if not self._waiting:
+            return options[0]
+        soonest = min(n for n in steps_left if n > 0)
+        return next((k for k in options if k <= soonest), options[-1])
 
     def _consume(self, pending: tuple[int, jax.Array]) -> list[Completion]:
         """Append one dispatch's tokens (each request's prefill token first)."""

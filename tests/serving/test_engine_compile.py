@@ -18,11 +18,11 @@ def varied_requests(rng, count, start):
 
 
 def test_compilations_stay_flat_over_hundreds_of_calls():
-    engine = tiny_engine(tiny_engine_config(attention_span="live", decode_steps_per_call=4))
+    engine = tiny_engine(tiny_engine_config(attention_span="live", decode_steps_per_call=2))
     engine.warm_up()
     warm = engine.compile_counts()
     # Three sampling modes (greedy, sampled, top-k/top-p) x each prefill bucket; x generate
-    # at each attention span (1, 2, 4, 8, 16 pages) for 4 tokens per call and for one.
+    # at each attention span (1, 2, 4, 8, 16 pages) for 2 tokens per call and for one.
     assert warm["prefill"] == 3 * 2 and warm["generate"] == 3 * 2 * 5
     loop = RequestLoop(engine)
     rng = np.random.default_rng(0)
