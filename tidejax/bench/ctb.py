@@ -84,6 +84,8 @@ def main(argv=None) -> None:
     ec = EngineConfig(page_size=16, num_pages=args.num_pages, max_slots=8, max_pages_per_seq=96,
                       prefill_buckets=(256, 768))
     engines = [make_engine(config, params, [d], ec) for d in jax.devices()[:args.ranks]]
+    for engine in engines:  # every shape (buckets, tokens per call, sampling modes) up front
+        engine.warm_up()
     # Warm-up: compile every shape before timing.
     asyncio.run(run_once("request", engines, tokenizer, 2, 2, args.seed + 1, 0.01))
     results = {}
