@@ -429,11 +429,12 @@ class Engine:
             pages_cached=usage.cached_tokens // ps, pages_free=usage.free_tokens // ps)
 
     def warm_up(self, params: Params | None = None,
-                modes: Sequence[tuple[bool, bool]] = ((False, False), (False, True), (True, True))
-                ) -> None:
+                modes: Sequence[tuple[bool, bool]] = ((False, False), (False, True), (True, True)),
+                steps_per_call: Sequence[int] | None = None) -> None:
         """Compile every shape steady serving can hit (each prefill bucket; generate at
         each attention span for each of `steps_per_call_options`; each sampling
         mode in `modes`: greedy, sampled, top-k/top-p) now, not in the middle of serving.
+        `steps_per_call` narrows the tokens-per-call options (a benchmark timing one).
         Every write goes to the trash page; no slot may be busy."""
         if any(s is not None for s in self._slots):
             raise ValueError("warm_up needs every decode slot free")
@@ -446,7 +447,8 @@ class Engine:
                 np.int32(0), trash_row, np.bool_(False), np.uint32(0), np.float32(0),
                 np.int32(0), np.float32(1), np.int32(1), self._stop_row(ec.sampling))
         for mode, num_steps, span in itertools.product(
-                modes, steps_per_call_options(ec.decode_steps_per_call), self._span_buckets):
+                modes, steps_per_call or steps_per_call_options(ec.decode_steps_per_call),
+                self._span_buckets):
             idle = jax.device_put(steps.init_decode_state(
                 ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
                 self.pool.trash_page), self._replicated)

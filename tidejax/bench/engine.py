@@ -98,9 +98,9 @@ def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: Sa
                                  prefill_buckets=(b.prompt_len,), sampling=sampling,
                                  **engine_changes)
     engine = make_engine(config, params, jax.devices()[:1], engine_config)
-    engine.warm_up(modes=[sampling_mode([(sampling.temperature, sampling.top_k,
-                                          sampling.top_p)])])
     per_call = engine_config.decode_steps_per_call
+    engine.warm_up(modes=[sampling_mode([(sampling.temperature, sampling.top_k,
+                                          sampling.top_p)])], steps_per_call=[per_call])
     rng = np.random.default_rng(b.seed)
     box = [engine.init_decode_state()]
     total = b.warmup_steps + b.rounds * b.timed_steps + 2 + 8 * 8
