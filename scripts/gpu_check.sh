@@ -16,8 +16,9 @@ print("jax", jax.__version__, "backend", jax.default_backend(), jax.devices())
 EOF
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$out/devices.txt"
 
-# Decode: paged engine vs bare dense-cache forward, Qwen2.5-0.5B shapes, random weights.
-timeout 200 python3 -m tidejax.bench.engine --preset qwen2.5-0.5b --slots 64 --skip-trace \
+# Decode: paged engine vs bare dense-cache forward, Qwen2.5-0.5B shapes, random weights;
+# bytes per step vs the HBM roofline, host ms per step, WebShop-shaped prefill padding.
+timeout 600 python3 -m tidejax.bench.engine --preset qwen2.5-0.5b --slots 64 --skip-trace \
     2>&1 | grep -v "^W0000\|^I0000" | tee "$out/engine_0.5b.txt"
 # Training: fused vs deferred-KL step, Qwen2.5-0.5B shapes.
 timeout 200 python3 -m tidejax.bench.train --preset qwen2.5-0.5b --batch 8 --length 1024 \

@@ -71,13 +71,29 @@ class EngineConfig:
     max_stop_tokens: int = 4
     sampling: SamplingParams = SamplingParams()
     attention: str = "gather"
+    # What decode attention reads: "full" gathers every row's max_pages_per_seq pages (the
+    # numerics of the engine before issue 16, bit for bit, so a seed gives the same tokens);
+    # "live" reads the smallest power-of-two span of pages holding the longest live row
+    # (less memory traffic; logits move by float rounding, ~1e-6 relative, so a sampled
+    # token can in rare near-ties differ from "full").
+    attention_span: str = "full"
+    # Prefill several admitted requests' new tokens packed in calls of the largest bucket
+    # (segment ids; a request splits across calls where one fills), so only a batch's
+    # last call pads. Off by default: the attention reduction differs from the one-request
+    # prefill's, so logits move by float rounding (tokens can differ in rare near-ties).
+    prefill_packing: bool = False
+    # Tokens per slot one generate dispatch decodes (an on-device loop). Higher hides more
+    # host time; a slot that stops early idles for the rest of the call, and the env sees
+    # a finished turn up to this many steps (plus one call, results being read a call
+    # late) after its last token.
+    decode_steps_per_call: int = 8
     # The request-level loop admits a request only if this many free-or-evictable pages
     # would remain for decode growth after its prefill (vLLM's watermark).
     admission_watermark_pages: int = 1
 
     def __post_init__(self):
         for name in ("page_size", "num_pages", "max_slots", "max_pages_per_seq",
-                     "max_stop_tokens"):
+                     "max_stop_tokens", "decode_steps_per_call"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
@@ -102,6 +118,9 @@ class EngineConfig:
                              f"got {type(self.sampling).__name__}")
         if len(self.sampling.stop_token_ids) > self.max_stop_tokens:
             raise ValueError("EngineConfig.sampling has more stop_token_ids than max_stop_tokens")
+        if self.attention_span not in ("full", "live"):
+            raise ValueError(f"EngineConfig.attention_span must be 'full' or 'live', "
+                             f"got {self.attention_span!r}")
         if self.attention not in KERNELS:
             raise ValueError(f"EngineConfig.attention must be one of {sorted(KERNELS)}, "
                              f"got {self.attention!r}")

@@ -7,8 +7,10 @@ construction with the KV pages and the decode state donated. It owns the rank's 
 the host `KVPool` that decides which pages hold which tokens.
 
 A request's turn: `prefill` (allocate pages, reuse cached prefix pages, compute the rest,
-sample the first token) -> `insert` (into a decode slot) -> `generate` until the host sees
-`done` -> `free_slot(tokens=...)`, which indexes the sequence's full pages for reuse and
+sample the first token; `begin_prefill` + `finish_prefills` do it for several requests,
+packed in shared calls with `prefill_packing`) -> `insert` (into a decode slot) ->
+`generate` (up to `decode_steps_per_call` tokens per slot per dispatch, pages reserved
+ahead) until the host sees `done` -> `free_slot(tokens=...)`, which indexes the sequence's full pages for reuse and
 then either releases them (evictable: request-level serving) or keeps them pinned for the
 task's next turn (`pin`, the mechanism CTB uses). `accounting()` is what a scheduler reads.
 
@@ -32,6 +34,7 @@ from tidejax.serving import steps
 from tidejax.serving.config import EngineConfig, SamplingParams
 from tidejax.serving.kv_pool import KVPages, KVPool, init_kv_pages
 from tidejax.serving.page_pool import PoolFull, PoolUsage
+from tidejax.serving.sampling import sampling_mode
 from tidejax.serving.steps import DecodeState, ResultTokens, SlotRow
 
 
@@ -55,6 +58,20 @@ class Prefix:
     row: SlotRow  # host values for the decode slot
     cached_tokens: int  # prompt tokens served from the prefix cache
     computed_tokens: int  # prompt tokens this prefill computed
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingPrefill:
+    """A request whose pages `begin_prefill` took; `finish_prefills` computes it."""
+
+    request_id: Hashable
+    task_id: Hashable
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    start: int  # first prompt token to compute (the rest is cached)
+    write: bool  # False: the whole prompt was cached; only the last token's logits run
+    cached_tokens: int
+    page_row: np.ndarray  # [Pmax] the task's pages, trash-padded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +100,13 @@ class EngineMetrics:
 class _Slot:
     request_id: Hashable
     task_id: Hashable
+    max_new: int
+    steps_dispatched: int = 0  # generate steps dispatched since insert
+
+    def steps_left(self, max_seq_len: int, prompt_len: int) -> int:
+        """Steps that can still produce a token: until max new tokens or the max length,
+        counting the steps already dispatched (a stop id, unknown here, ends it sooner)."""
+        return max(0, min(self.max_new - 1, max_seq_len - prompt_len) - self.steps_dispatched)
 
 
 class Engine:
@@ -98,7 +122,8 @@ class Engine:
         self._init_host(ec)
         self._kv = init_kv_pages(config, ec.num_pages, ec.page_size, self.kv_sharding)
         self.params = self.load_params(params)
-        self._prefill, self._generate, self._insert, self._free = _compiled_steps(
+        (self._prefill, self._generate, self._insert, self._free,
+         self._packed_prefill) = _compiled_steps(
             config, ec.attention, ec.page_size, ec.max_seq_len, self.kv_sharding,
             self._replicated)
 
@@ -109,6 +134,16 @@ class Engine:
         self._slots: list[_Slot | None] = [None] * ec.max_slots
         self._request_ids = itertools.count()
         self._last_state: DecodeState | None = None
+        # The host's copy of every slot's page table, sent whole with each generate call
+        # (a multi-token call may need several new pages per slot).
+        self._page_table_BP = np.full((ec.max_slots, ec.max_pages_per_seq), self.pool.trash_page,
+                                      np.int32)
+        self._span_buckets = (span_buckets(ec.max_pages_per_seq) if ec.attention_span == "live"
+                              else (ec.max_pages_per_seq,))
+        self._prompt_lens = [0] * ec.max_slots
+        # Each slot's (temperature, top_k, top_p) as the device state holds them: set by
+        # insert, kept after free (as on the device), so the sampling mode matches.
+        self._slot_sampling = [(0.0, 0, 1.0)] * ec.max_slots
         self._counts = {"prompt": 0, "cached": 0, "computed": 0, "padded": 0, "prefills": 0,
                         "steps": 0}
 
@@ -163,6 +198,15 @@ class Engine:
         request its own task. Prompts longer than the largest bucket run in chunks. Raises
         `PoolFull` if the pool cannot hold the prompt (nothing changed).
         """
+        pending = self.begin_prefill(tokens, task_id, sampling, request_id)
+        return self.finish_prefills(params, [pending])[0]
+
+    def begin_prefill(self, tokens: Sequence[int], task_id: Hashable = None,
+                      sampling: SamplingParams | None = None, request_id: Hashable = None
+                      ) -> PendingPrefill:
+        """Host half of `prefill`: take the prompt's pages (reusing cached ones) now, so the
+        next request's `can_prefill` sees them gone; `finish_prefills` computes. Raises
+        `PoolFull` (nothing changed)."""
         ec = self.engine_config
         sampling = sampling or ec.sampling
         if len(sampling.stop_token_ids) > ec.max_stop_tokens:
@@ -175,23 +219,39 @@ class Engine:
         if any(s is not None and s.task_id == task_id for s in self._slots):
             raise ValueError(f"task {task_id!r} is decoding in a slot")
         plan = self.pool.begin_turn(task_id, prompt)
-        page_row = self.pool.page_row(task_id)
+        return PendingPrefill(request_id, task_id, prompt, sampling, plan.start, plan.write,
+                              plan.cached_tokens, self.pool.page_row(task_id))
+
+    def finish_prefills(self, params: Params, pending: Sequence[PendingPrefill]) -> list[Prefix]:
+        """Compute begun prefills and sample their first tokens, in order. With
+        `prefill_packing`, several requests' new tokens share each call (segment ids);
+        otherwise one request at a time, padded to its bucket. On error every one of them
+        is aborted (its pages released)."""
         try:
-            first = self._run_prefill(params, prompt, plan.start, plan.write, page_row, sampling)
+            if self.engine_config.prefill_packing:
+                firsts = self._run_packed_prefills(params, pending)
+            else:
+                firsts = [self._run_prefill(params, p.prompt, p.start, p.write, p.page_row,
+                                            p.sampling) for p in pending]
         except Exception:
-            self.pool.abort_turn(task_id, kv_written=False)
+            for p in pending:
+                self.pool.abort_turn(p.task_id, kv_written=False)
             raise
-        computed = len(prompt) - plan.start
-        self._counts["prompt"] += len(prompt)
-        self._counts["cached"] += plan.cached_tokens
-        self._counts["computed"] += computed
-        row = SlotRow(length=np.int32(len(prompt)), page_row_P=page_row,
-                      max_new=np.int32(sampling.max_new_tokens), stop_S=self._stop_row(sampling),
-                      temperature=np.float32(sampling.temperature),
-                      top_k=np.int32(sampling.top_k), top_p=np.float32(sampling.top_p),
-                      seed=np.uint32(sampling.seed))
-        return Prefix(request_id, task_id, prompt, sampling, first, row, plan.cached_tokens,
-                      computed)
+        prefixes = []
+        for p, first in zip(pending, firsts):
+            self._counts["prompt"] += len(p.prompt)
+            self._counts["cached"] += p.cached_tokens
+            self._counts["computed"] += len(p.prompt) - p.start
+            sampling = p.sampling
+            row = SlotRow(length=np.int32(len(p.prompt)), page_row_P=p.page_row,
+                          max_new=np.int32(sampling.max_new_tokens),
+                          stop_S=self._stop_row(sampling),
+                          temperature=np.float32(sampling.temperature),
+                          top_k=np.int32(sampling.top_k), top_p=np.float32(sampling.top_p),
+                          seed=np.uint32(sampling.seed))
+            prefixes.append(Prefix(p.request_id, p.task_id, p.prompt, sampling, first, row,
+                                   p.cached_tokens, len(p.prompt) - p.start))
+        return prefixes
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         """Start decoding `prefix` in the free `slot` (donates `decode_state`)."""
@@ -200,29 +260,56 @@ class Engine:
         if not self.pool.in_turn(prefix.task_id):
             raise ValueError(f"prefix of task {prefix.task_id!r} is no longer live")
         self._last_state = self._insert(decode_state, np.int32(slot), prefix.first, prefix.row)
-        self._slots[slot] = _Slot(prefix.request_id, prefix.task_id)
+        self._slots[slot] = _Slot(prefix.request_id, prefix.task_id,
+                                  prefix.sampling.max_new_tokens)
+        self._prompt_lens[slot] = len(prefix.prompt)
+        s = prefix.sampling
+        self._slot_sampling[slot] = (s.temperature, s.top_k, s.top_p)
+        self._page_table_BP[slot] = prefix.row.page_row_P
         return self._last_state
 
-    def generate(self, params: Params, decode_state: DecodeState
+    def generate(self, params: Params, decode_state: DecodeState, num_steps: int | None = None
                  ) -> tuple[DecodeState, ResultTokens]:
-        """One token for every busy slot (donates `decode_state`; writes the KV pages).
+        """Up to `num_steps` (default `decode_steps_per_call`) tokens for every busy slot in
+        one dispatch (donates `decode_state`; writes the KV pages). Results `[num_steps, B, 6]`.
 
-        Raises `OutOfPages` (nothing dispatched) when a slot needs a page and none is free
-        or evictable; the caller frees or preempts a slot and retries.
+        Pages for all `num_steps` tokens are reserved first; what a slot that stopped early
+        did not use is given back when its turn ends. Raises `OutOfPages` (nothing
+        dispatched) when a slot needs a page and none is free or evictable; the caller
+        frees or preempts a slot and retries.
         """
         ec = self.engine_config
-        busy = [(i, s.task_id) for i, s in enumerate(self._slots) if s is not None]
-        short = [i for i, task in busy if self.pool.grow_needs_page(task)]
-        if len(short) > self.pool.available_pages():
-            raise OutOfPages(short[self.pool.available_pages():])
-        update = np.tile(np.array([ec.max_pages_per_seq, self.pool.trash_page], np.int32),
-                         (ec.max_slots, 1))
-        for slot, task in busy:
-            if self.pool.grow(task, 1):
-                pages = self.pool.pages.pages(task)
-                update[slot] = (len(pages) - 1, pages[-1])
-        self._kv, state, result = self._generate(params, self._kv, decode_state, update)
-        self._counts["steps"] += 1
+        num_steps = num_steps or ec.decode_steps_per_call
+        pool, pages = self.pool, self.pool.pages
+        plan, short, available = [], [], pool.available_pages()
+        for slot, entry in enumerate(self._slots):
+            if entry is None:
+                continue
+            held = pages.tokens(entry.task_id)
+            # Never past what the slot can still write: its max new tokens, the max length.
+            left = entry.max_new - 1 - entry.steps_dispatched
+            reserve = max(0, min(num_steps, ec.max_seq_len - held, left))
+            new_pages = pages.pages_for(held + reserve) - len(pages.pages(entry.task_id))
+            if new_pages > available:
+                short.append(slot)
+            else:
+                available -= new_pages
+                plan.append((slot, entry.task_id, reserve))
+        if short:
+            raise OutOfPages(short)
+        span = 1
+        for slot, task, reserve in plan:
+            if reserve > 0 and pool.grow(task, reserve):
+                row = pages.pages(task)
+                self._page_table_BP[slot, :len(row)] = row
+            span = max(span, len(pages.pages(task)))
+        span = next(b for b in self._span_buckets if b >= span)
+        self._kv, state, result = self._generate(num_steps, span,
+                                                 sampling_mode(self._slot_sampling), params,
+                                                 self._kv, decode_state, self._page_table_BP.copy())
+        self._counts["steps"] += num_steps
+        for slot, _, _ in plan:
+            self._slots[slot].steps_dispatched += num_steps
         self._last_state = state
         return state, result
 
@@ -242,6 +329,7 @@ class Engine:
         # is ordered after this slot's last write through the donated pool.
         self.pool.end_turn(entry.task_id, tokens, keep)
         self._slots[slot] = None
+        self._page_table_BP[slot] = self.pool.trash_page
         self._last_state = self._free(decode_state, np.int32(slot))
         return self._last_state
 
@@ -257,6 +345,7 @@ class Engine:
         if entry is None:
             raise ValueError(f"slot {slot} is already free")
         self._slots[slot] = None
+        self._page_table_BP[slot] = self.pool.trash_page
         self._last_state = self._free(decode_state, np.int32(slot))
         self.pool.abort_turn(entry.task_id)
         return self._last_state
@@ -289,6 +378,13 @@ class Engine:
     def slot_task(self, slot: int) -> Hashable | None:
         entry = self._slots[slot]
         return None if entry is None else entry.task_id
+
+    def slot_steps_left(self, slot: int) -> int:
+        """Generate steps that could still produce a token for `slot` (host-side bound:
+        max new tokens and max length; a stop id ends it earlier on the device)."""
+        entry = self._slots[slot]
+        return 0 if entry is None else entry.steps_left(self.engine_config.max_seq_len,
+                                                        self._prompt_lens[slot])
 
     def free_slots(self) -> list[int]:
         return [i for i, s in enumerate(self._slots) if s is None]
@@ -332,11 +428,39 @@ class Engine:
             pages_used=usage.used_tokens // ps, pages_pinned=usage.pinned_tokens // ps,
             pages_cached=usage.cached_tokens // ps, pages_free=usage.free_tokens // ps)
 
+    def warm_up(self, params: Params | None = None,
+                modes: Sequence[tuple[bool, bool]] = ((False, False), (False, True), (True, True)),
+                steps_per_call: Sequence[int] | None = None) -> None:
+        """Compile every shape steady serving can hit (each prefill bucket; generate at
+        each attention span for each of `steps_per_call_options`; each sampling
+        mode in `modes`: greedy, sampled, top-k/top-p) now, not in the middle of serving.
+        `steps_per_call` narrows the tokens-per-call options (a benchmark timing one).
+        Every write goes to the trash page; no slot may be busy."""
+        if any(s is not None for s in self._slots):
+            raise ValueError("warm_up needs every decode slot free")
+        ec = self.engine_config
+        params = self.params if params is None else params
+        trash_row = np.full((ec.max_pages_per_seq,), self.pool.trash_page, np.int32)
+        for mode, bucket in itertools.product(modes, ec.prefill_buckets):
+            self._kv, _ = self._prefill(
+                mode, params, self._kv, np.zeros((bucket,), np.int32), np.int32(1),
+                np.int32(0), trash_row, np.bool_(False), np.uint32(0), np.float32(0),
+                np.int32(0), np.float32(1), np.int32(1), self._stop_row(ec.sampling))
+        for mode, num_steps, span in itertools.product(
+                modes, steps_per_call or steps_per_call_options(ec.decode_steps_per_call),
+                self._span_buckets):
+            idle = jax.device_put(steps.init_decode_state(
+                ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens,
+                self.pool.trash_page), self._replicated)
+            self._kv, _, result = self._generate(num_steps, span, mode, params, self._kv, idle,
+                                                 self._page_table_BP.copy())
+        jax.block_until_ready(result.data)
+
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables per step function (flat in steady state)."""
         return {name: fn._cache_size() for name, fn in (
             ("prefill", self._prefill), ("generate", self._generate), ("insert", self._insert),
-            ("free", self._free))}
+            ("free", self._free), ("packed_prefill", self._packed_prefill))}
 
     # ------------------------------------------------------------ internals
     def _run_prefill(self, params, prompt, start, write, page_row, sampling) -> ResultTokens:
@@ -349,7 +473,7 @@ class Engine:
             chunk = np.zeros((bucket,), np.int32)
             chunk[:num_new] = prompt[start:start + num_new]
             self._kv, first = self._prefill(
-                params, self._kv, chunk, np.int32(num_new), np.int32(start), page_row,
+                sampling_mode([(sampling.temperature, sampling.top_k, sampling.top_p)]), params, self._kv, chunk, np.int32(num_new), np.int32(start), page_row,
                 np.bool_(write), np.uint32(sampling.seed), np.float32(sampling.temperature),
                 np.int32(sampling.top_k), np.float32(sampling.top_p),
                 np.int32(sampling.max_new_tokens), self._stop_row(sampling))
@@ -358,6 +482,81 @@ class Engine:
             start += num_new
             if start >= len(prompt):
                 return first
+
+    def _run_packed_prefills(self, params, pending: Sequence[PendingPrefill]) -> list[ResultTokens]:
+        """Pack the requests' new tokens into calls of the largest bucket (at most
+        `max_slots` segments each), splitting a request across calls where a call fills.
+        Only the last call pads (to its bucket). Returns each request's first token."""
+        ec = self.engine_config
+        capacity, segments = ec.prefill_buckets[-1], ec.max_slots
+        firsts: list[ResultTokens | None] = [None] * len(pending)
+        call: list[tuple[int, int, int]] = []  # (request index, first token, tokens)
+        room, written = capacity, set()  # pages the call being packed writes
+        ps = ec.page_size
+        for index, p in enumerate(pending):
+            done = p.start
+            while done < len(p.prompt):
+                # A prefix hit on pages an earlier request of this call writes: those K/V
+                # exist only after the call, so this request starts the next one.
+                if written.intersection(p.page_row[:-(-done // ps)].tolist()):
+                    self._packed_call(params, pending, call, firsts)
+                    call, room, written = [], capacity, set()
+                take = min(len(p.prompt) - done, room)
+                call.append((index, done, take))
+                if p.write:
+                    written.update(p.page_row[done // ps:-(-(done + take) // ps)].tolist())
+                done += take
+                room -= take
+                if room == 0 or len(call) == segments:
+                    self._packed_call(params, pending, call, firsts)
+                    call, room, written = [], capacity, set()
+        if call:
+            self._packed_call(params, pending, call, firsts)
+        return firsts
+
+    def _packed_call(self, params, pending, call, firsts) -> None:
+        ec = self.engine_config
+        segments = ec.max_slots
+        used = sum(take for _, _, take in call)
+        bucket = ec.bucket_for(used)
+        tokens_T = np.zeros((bucket,), np.int32)
+        segment_T = np.full((bucket,), -1, np.int32)
+        offset_T = np.zeros((bucket,), np.int32)
+        cached_R = np.zeros((segments,), np.int32)
+        table_RP = np.full((segments, ec.max_pages_per_seq), self.pool.trash_page, np.int32)
+        last_R = np.zeros((segments,), np.int32)
+        write_R = np.zeros((segments,), bool)
+        sample_R = np.zeros((segments,), bool)
+        seed_R = np.zeros((segments,), np.uint32)
+        temperature_R = np.zeros((segments,), np.float32)
+        top_k_R = np.zeros((segments,), np.int32)
+        top_p_R = np.ones((segments,), np.float32)
+        max_new_R = np.ones((segments,), np.int32)
+        stop_RS = np.full((segments, ec.max_stop_tokens), -1, np.int32)
+        at, span = 0, 1
+        for r, (index, first, take) in enumerate(call):
+            p = pending[index]
+            tokens_T[at:at + take] = p.prompt[first:first + take]
+            segment_T[at:at + take] = r
+            offset_T[at:at + take] = np.arange(take)
+            cached_R[r], table_RP[r], last_R[r], write_R[r] = first, p.page_row, at + take - 1, p.write
+            sample_R[r] = first + take == len(p.prompt)
+            s = p.sampling
+            seed_R[r], temperature_R[r], top_k_R[r], top_p_R[r] = (s.seed, s.temperature, s.top_k,
+                                                                   s.top_p)
+            max_new_R[r], stop_RS[r] = s.max_new_tokens, self._stop_row(s)
+            span = max(span, self.pool.pages.pages_for(first))
+            at += take
+        span = next(b for b in self._span_buckets if b >= span)
+        mode = sampling_mode(zip(temperature_R.tolist(), top_k_R.tolist(), top_p_R.tolist()))
+        self._kv, result = self._packed_prefill(
+            span, mode, params, self._kv, tokens_T, segment_T, offset_T, cached_R, table_RP, last_R,
+            write_R, sample_R, seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS)
+        self._counts["padded"] += bucket
+        self._counts["prefills"] += 1
+        for r, (index, first, take) in enumerate(call):
+            if sample_R[r]:
+                firsts[index] = ResultTokens(result.data[r:r + 1])
 
     def _stop_row(self, sampling: SamplingParams) -> np.ndarray:
         stop = np.full((self.engine_config.max_stop_tokens,), -1, np.int32)
@@ -376,15 +575,40 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     """The jitted steps, shared by engines of equal shapes so a rebuilt engine (new rank,
     new weights) does not recompile. Compiled lazily, once per input shape (bucket)."""
     kv_out = KVPages(kv_sharding, kv_sharding)
+    # Static arguments: the sampling mode (all steps), and (num_steps, span_pages) of
+    # generate / span_pages of a packed prefill. One executable per combination in use.
     prefill = jax.jit(
         functools.partial(steps.prefill_step, config, attention, page_size, max_seq_len),
-        donate_argnums=(1,), out_shardings=(kv_out, replicated))
+        static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
     generate = jax.jit(
         functools.partial(steps.generate_step, config, attention, page_size, max_seq_len),
-        donate_argnums=(1, 2), out_shardings=(kv_out, replicated, replicated))
+        static_argnums=(0, 1, 2), donate_argnums=(4, 5),
+        out_shardings=(kv_out, replicated, replicated))
     insert = jax.jit(steps.insert_step, donate_argnums=(0,), out_shardings=replicated)
     free = jax.jit(steps.free_step, donate_argnums=(0,), out_shardings=replicated)
-    return prefill, generate, insert, free
+    packed_prefill = jax.jit(
+        functools.partial(steps.packed_prefill_step, config, page_size, max_seq_len),
+        static_argnums=(0, 1), donate_argnums=(3,), out_shardings=(kv_out, replicated))
+    return prefill, generate, insert, free, packed_prefill
+
+
+def steps_per_call_options(most: int) -> tuple[int, ...]:
+    """Tokens per generate call the loop may ask for: `most`, halved down to 1."""
+    options = [most]
+    while options[-1] > 1:
+        options.append(options[-1] // 2)
+    return tuple(options)
+
+
+def span_buckets(max_pages_per_seq: int) -> tuple[int, ...]:
+    """Attention spans (pages) a generate call compiles for: powers of two, then the max.
+    A call reads the smallest holding its longest live sequence, so short batches read
+    little and a growing batch compiles at most log2(Pmax) + 1 shapes."""
+    spans, span = [], 1
+    while span < max_pages_per_seq:
+        spans.append(span)
+        span *= 2
+    return tuple(spans) + (max_pages_per_seq,)
 
 
 def engine_shardings(config: ModelConfig, mesh: jax.sharding.Mesh):

@@ -91,9 +91,10 @@ class JetStreamEngine(engine_api.Engine):
 
     def generate(self, params: Any, decode_state: Any) -> tuple[Any, engine_api.ResultTokens]:
         with self._lock:
-            decode_state, result = self.engine.generate(params, decode_state)
+            # JetStream's orchestrator reads one token per slot per generate.
+            decode_state, result = self.engine.generate(params, decode_state, num_steps=1)
         return decode_state, engine_api.ResultTokens(
-            data=self._to_jetstream(result.data), tokens_idx=(0, 1), valid_idx=(1, 2),
+            data=self._to_jetstream(result.data[0]), tokens_idx=(0, 1), valid_idx=(1, 2),
             length_idx=(2, 3), samples_per_slot=1)
 
     def init_decode_state(self, *args, **kwargs) -> Any:

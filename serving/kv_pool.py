@@ -8,9 +8,9 @@ adds what only the engine knows:
 * the exact token ids whose K/V a task's live sequence holds. `PagePool` trusts hashes
   of full pages only; before reusing a task's partly filled last page the engine checks
   that the new prompt really extends those tokens. Only these tokens hold valid K/V; the
-  pool's count can be higher when a caller frees a slot a step late (the extra decode
-  steps reserved positions that were never part of the task), and a resumed turn then
-  recomputes from the last valid token;
+  pool's count can be higher while a turn runs (a multi-token generate reserves its
+  tokens ahead, and the loop frees a slot a dispatch late); `end_turn` truncates the
+  sequence back to the tokens with K/V, so what stays pinned or cached is exact;
 * the turn lifecycle: `begin_turn` (allocate for a prompt), `grow` (decode reserves one
   more token), `end_turn` (index the full pages of the real sequence, then pin or
   release). `pin` during a turn is remembered and applied when the turn ends.
@@ -190,6 +190,9 @@ class KVPool:
             raise ValueError("pinning a task needs its tokens")
         record.in_turn = False
         if valid is not None:
+            # A decoder that reserved ahead (multi-token steps, results read a step late)
+            # holds more tokens than have K/V: give the unused tail back first.
+            self.pages.truncate(task_id, len(valid))
             self.pages.extend(task_id, 0, chain_hashes(valid, self.page_size))
             record.tokens = valid
         if pin:

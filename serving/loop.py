@@ -1,10 +1,16 @@
 """Host driver: request-level continuous batching over an `Engine`, with policy hooks.
 
 One host thread owns a `RequestLoop`. Each `step()` (1) asks the policy which waiting
-requests to admit and prefills/inserts them while slots and pages allow, (2) runs one
-`generate` for all slots, preempting a running request (policy's choice) when a slot
-cannot get its next page, and (3) reads the packed results in one copy, appends tokens
-and behaviour log-probs, and completes finished requests. On completion the policy says
+requests to admit and prefills/inserts them while slots and pages allow, (2) dispatches
+one `generate` (up to `decode_steps_per_call` tokens for all slots), preempting a running
+request (policy's choice) when a slot cannot get its pages, and (3) only then reads the
+*previous* dispatch's packed results (copied to the host asynchronously while the device
+ran), appends tokens and behaviour log-probs, and completes finished requests. Results are
+consumed one dispatch late, as JetStream's detokenize thread does, so host work overlaps
+the device: a slot whose request finished still rides the dispatch in flight, inactive on
+the device, and its pages reserved for it are given back when its turn ends. A dispatch
+is skipped when no running request can still produce a token (all reached their max new
+tokens in dispatches already made). On completion the policy says
 whether the task's pages stay pinned for its next turn (pause) or are released to the
 evictable cache (what request-level serving does, and how a paused multi-turn task loses
 its cache: TideRL's challenge C1). A task's next turn is just another request with the
@@ -27,7 +33,7 @@ from typing import Protocol
 import jax
 import numpy as np
 from tidejax.serving.config import SamplingParams
-from tidejax.serving.engine import Engine, EngineMetrics, OutOfPages
+from tidejax.serving.engine import Engine, EngineMetrics, OutOfPages, steps_per_call_options
 from tidejax.serving.page_pool import PoolFull, PoolUsage
 from tidejax.serving.steps import DONE, LOGPROB, TOKEN, VALID
 
@@ -130,6 +136,7 @@ class _Active:
     cached_tokens: int
     preemptions: int
     first: jax.Array | None  # the prefill's [1, 6] result until read
+    first_dispatch: int  # the first generate dispatch this request rides in
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
@@ -171,6 +178,8 @@ class RequestLoop:
         self._decode_tokens = 0
         self._decode_seconds = 0.0
         self._stalls = 0
+        self._dispatches = 0
+        self._pending: tuple[int, jax.Array] | None = None  # (dispatch, results) unread
         self._pin_intent: set[Hashable] = set()
         self.stalled = False
 
@@ -210,6 +219,11 @@ class RequestLoop:
     def num_running(self) -> int:
         return len(self._active)
 
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens appended by generate dispatches so far (host count, no device read)."""
+        return self._decode_tokens
+
     def view(self) -> EngineView:
         engine = self.engine
         return EngineView(
@@ -224,37 +238,75 @@ class RequestLoop:
 
     # ------------------------------------------------------------------ driving
     def step(self) -> list[Completion]:
-        """Admit, decode one token for every running request, return what finished."""
+        """Admit, dispatch one generate, return what the previous dispatch finished."""
         admitted = self._admit()
         # Nothing runs and nothing could start: only the caller (unpin, evict) can help.
         self.stalled = not admitted and not self._active and bool(self._waiting)
         if not self._active:
+            self._pending = None  # results of requests already completed or preempted
             return []
         start = self._clock()
-        while True:
-            try:
-                self._state, result = self.engine.generate(self.params, self._state)
-                break
-            except OutOfPages:
-                self._preempt_one()
-                if not self._active:
-                    return []
-        firsts = [(slot, a) for slot, a in self._active.items() if a.first is not None]
-        data, *first_data = jax.device_get([result.data] + [a.first for _, a in firsts])
+        previous = self._pending
+        steps_left = [self.engine.slot_steps_left(slot) for slot in self._active]
+        if any(steps_left):
+            num_steps = self._steps_per_call(steps_left)
+            while True:
+                try:
+                    self._state, result = self.engine.generate(self.params, self._state,
+                                                               num_steps)
+                    break
+                except OutOfPages:
+                    self._preempt_one()
+                    if not self._active:
+                        self._pending = None
+                        return []
+            if isinstance(result.data, jax.Array):  # (a MockEngine's results are numpy)
+                result.data.copy_to_host_async()
+            self._pending = (self._dispatches, result.data)
+            self._dispatches += 1
+        else:
+            self._pending = None
+        done = self._consume(previous) if previous is not None else []
+        if self._pending is None:
+            # Nothing more is dispatched for the running requests: read what remains (the
+            # prefill tokens of requests that end on their first token).
+            done += self._consume((self._dispatches, None))
         self._decode_seconds += self._clock() - start
         self._steps += 1
+        return done
+
+    def _steps_per_call(self, steps_left: list[int]) -> int:
+        """`decode_steps_per_call`, halved (to an option the engine compiled) while requests
+        wait and a running one would finish by length inside the call: its slot would idle
+        for the rest of the call and, results being read a call late, the next one too."""
+        options = steps_per_call_options(self.engine.engine_config.decode_steps_per_call)
+        if not self._waiting:
+            return options[0]
+        soonest = min(n for n in steps_left if n > 0)
+        return next((k for k in options if k <= soonest), options[-1])
+
+    def _consume(self, pending: tuple[int, jax.Array]) -> list[Completion]:
+        """Append one dispatch's tokens (each request's prefill token first)."""
+        dispatch, result = pending
+        riding = {slot: a for slot, a in self._active.items() if a.first_dispatch <= dispatch}
+        firsts = [(slot, a) for slot, a in riding.items() if a.first is not None]
+        data_KB6, *first_data = jax.device_get([result] + [a.first for _, a in firsts])
+        data_KB6 = () if data_KB6 is None else data_KB6
         done: list[Completion] = []
         for (slot, active), first in zip(firsts, first_data):
             active.first = None
             if self._append(slot, active, first[0]):
                 done.append(self._complete(slot, active))
-        for slot, active in list(self._active.items()):
-            row = data[slot]
-            if not row[VALID]:  # the slot did not decode this step
-                continue
-            self._decode_tokens += 1
-            if self._append(slot, active, row):
-                done.append(self._complete(slot, active))
+                del riding[slot]
+        for data_B6 in data_KB6:
+            for slot, active in list(riding.items()):
+                row = data_B6[slot]
+                if not row[VALID]:  # the slot did not decode at this step
+                    continue
+                self._decode_tokens += 1
+                if self._append(slot, active, row):
+                    done.append(self._complete(slot, active))
+                    del riding[slot]
         return done
 
     def run(self, max_steps: int | None = None) -> Iterator[Completion]:
@@ -274,12 +326,14 @@ class RequestLoop:
         engine = self.engine
         admitted = 0
         order = self.policy.admission_order([r for r, _ in self._waiting], self.view())
+        batch, claimed = [], set()
+        running = {a.task_id for a in self._active.values()}
         for request in order:
-            free = engine.free_slots()
+            free = [slot for slot in engine.free_slots() if slot not in claimed]
             if not free:
                 break
             task_id = request.task_id if request.task_id is not None else request.request_id
-            if task_id in {a.task_id for a in self._active.values()}:
+            if task_id in running:
                 continue  # a task runs one turn at a time
             headroom = self.policy.headroom_pages(request, self.view())
             if not engine.can_prefill(task_id, request.prompt_token_ids, headroom):
@@ -287,16 +341,23 @@ class RequestLoop:
             sampling = (request.sampling or engine.engine_config.sampling).replace(
                 max_new_tokens=request.max_new_tokens)
             try:
-                prefix = engine.prefill(self.params, request.prompt_token_ids, task_id, sampling,
-                                        request.request_id)
+                begun = engine.begin_prefill(request.prompt_token_ids, task_id, sampling,
+                                             request.request_id)
             except PoolFull:
                 break
-            entry = self._pop_waiting(request)
-            slot = free[0]
-            self._state = engine.insert(prefix, self._state, slot)
-            self._active[slot] = _Active(request, task_id, self._steps, prefix.cached_tokens,
-                                         entry[1], prefix.first.data)
-            admitted += 1
+            batch.append((self._pop_waiting(request), free[0], begun))
+            claimed.add(free[0])
+            running.add(task_id)
+        if batch:
+            # One call for all admitted prompts (packed when the engine packs prefills).
+            prefixes = engine.finish_prefills(self.params, [b for _, _, b in batch])
+            for (entry, slot, _), prefix in zip(batch, prefixes):
+                request = entry[0]
+                self._state = engine.insert(prefix, self._state, slot)
+                self._active[slot] = _Active(request, prefix.task_id, self._steps,
+                                             prefix.cached_tokens, entry[1], prefix.first.data,
+                                             self._dispatches)
+                admitted += 1
         if not admitted and self._waiting:
             self._stalls += 1
         return admitted

@@ -44,14 +44,14 @@ class MockEngine(Engine):
         return self._last_state
 
     def compile_counts(self) -> dict[str, int]:
-        return {"prefill": 0, "generate": 0, "insert": 0, "free": 0}
+        return {"prefill": 0, "generate": 0, "insert": 0, "free": 0, "packed_prefill": 0}
 
     # The four "device" steps, in numpy.
     def _row(self, token, done, position, generated, valid=1) -> np.ndarray:
         return np.array([token, self.logprob.view(np.int32), valid, done, position, generated],
                         np.int32)
 
-    def _mock_prefill(self, params, kv, tokens_T, num_new, cached_len, page_row_P, write, seed,
+    def _mock_prefill(self, mode, params, kv, tokens_T, num_new, cached_len, page_row_P, write, seed,
                       temperature, top_k, top_p, max_new, stop_S):
         token = (int(tokens_T[int(num_new) - 1]) + 1) % self.vocab_size
         position = int(cached_len) + int(num_new)
@@ -78,27 +78,26 @@ class MockEngine(Engine):
         state.active_B[int(slot)] = False
         return state
 
-    def _mock_generate(self, params, kv, state: DecodeState, page_update_B2):
-        state = _copy(state)
-        max_pages = state.page_table_BP.shape[1]
-        for b, (index, page) in enumerate(page_update_B2):
-            if index < max_pages:
-                state.page_table_BP[b, index] = page
-        active = state.active_B.copy()
-        token = (state.tokens_B + 1) % self.vocab_size
-        new_len = state.lengths_B + active
-        generated = state.generated_B + active
-        is_stop = (token[:, None] == state.stop_BS).any(axis=1)
-        done = active & (is_stop | (generated >= state.max_new_B)
-                         | (new_len >= self.engine_config.max_seq_len))
-        data = np.stack([self._row(t, d, p, g, v) for t, d, p, g, v in
-                         zip(token, done, new_len, generated, active)])
-        state = state.replace(
-            tokens_B=np.where(active, token, state.tokens_B).astype(np.int32),
-            lengths_B=new_len.astype(np.int32), active_B=active & ~done,
-            generated_B=generated.astype(np.int32),
-            decode_tokens=np.int32(state.decode_tokens + active.sum()))
-        return kv, state, ResultTokens(data)
+    def _mock_generate(self, num_steps, span_pages, mode, params, kv, state: DecodeState,
+                       page_table_BP):
+        state = _copy(state).replace(page_table_BP=np.array(page_table_BP, copy=True))
+        steps_data = []
+        for _ in range(num_steps):
+            active = state.active_B.copy()
+            token = (state.tokens_B + 1) % self.vocab_size
+            new_len = state.lengths_B + active
+            generated = state.generated_B + active
+            is_stop = (token[:, None] == state.stop_BS).any(axis=1)
+            done = active & (is_stop | (generated >= state.max_new_B)
+                             | (new_len >= self.engine_config.max_seq_len))
+            steps_data.append(np.stack([self._row(t, d, p, g, v) for t, d, p, g, v in
+                                        zip(token, done, new_len, generated, active)]))
+            state = state.replace(
+                tokens_B=np.where(active, token, state.tokens_B).astype(np.int32),
+                lengths_B=new_len.astype(np.int32), active_B=active & ~done,
+                generated_B=generated.astype(np.int32),
+                decode_tokens=np.int32(state.decode_tokens + active.sum()))
+        return kv, state, ResultTokens(np.stack(steps_data))
 
 
 def _to_numpy(state: DecodeState) -> DecodeState:

@@ -43,6 +43,8 @@ Calls
     Append ``n_tokens`` generated tokens. ``page_hashes`` lists keys of the sequence's full
     pages (the whole chain so far, possibly shorter than the number of full pages); newly
     full pages with a known key are indexed. Raises :class:`PoolFull` without change.
+``truncate(task, n_tokens)``
+    Give back the tail of a sequence that reserved more tokens than it used.
 ``pin(task)``
     The turn ended and the task will come back: keep its pages resident (pinned).
 ``unpin(task)``
@@ -285,6 +287,25 @@ class PagePool:
             raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
         seq = self._live(task_id)
         self._grow(seq, n_tokens, page_hashes)
+
+    def truncate(self, task_id: Hashable, n_tokens: int) -> None:
+        """Shorten the task's live sequence to its first ``n_tokens`` tokens; pages past
+        them are released (a decoder that reserved ahead gives back what it did not use)."""
+        seq = self._live(task_id)
+        if not 0 <= n_tokens <= seq.n_tokens:
+            raise ValueError(f"cannot truncate {seq.n_tokens} tokens to {n_tokens}")
+        keep = self.pages_for(n_tokens)
+        ref, key, free, lru = self._ref, self._key, self._free, self._lru
+        for page in reversed(seq.pages[keep:]):
+            ref[page] -= 1
+            if not ref[page]:
+                if key[page] is None:
+                    free.append(page)
+                else:
+                    lru[page] = None
+        del seq.pages[keep:]
+        del seq.hashes[n_tokens // self.page_size:]
+        seq.n_tokens = n_tokens
 
     def pin(self, task_id: Hashable) -> None:
         """Keep the task's pages resident across its environment wait."""

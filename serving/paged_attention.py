@@ -61,6 +61,48 @@ def gather_kernel(q_BTNH, k_new_BTKH, v_new_BTKH, k_pages_PSKH, v_pages_PSKH, pa
 KERNELS: dict[str, Kernel] = {"gather": gather_kernel}
 
 
+class PackedAux(NamedTuple):
+    """A packed prefill chunk: `T` new tokens of up to `R` requests (segments) in one row."""
+
+    k_pages: jax.Array  # [L, P, page_size, K, H], read-only here
+    v_pages: jax.Array
+    page_table_RP: jax.Array  # each segment's pages (only the first span pages are read)
+    cached_len_R: jax.Array  # tokens of each segment already in the pool
+    segment_T: jax.Array  # int32 segment of each token, -1 for padding
+
+
+def packed_gather_attention(q_TNH, k_new_TKH, v_new_TKH, k_pages_PSKH, v_pages_PSKH,
+                            page_table_RP, cached_len_R, segment_T) -> jax.Array:
+    """Each token attends to its own segment's cached keys and, causally, to its segment's
+    new keys in the chunk (tokens of a segment are contiguous and in position order)."""
+    segments = page_table_RP.shape[0]
+    num_kv, head_dim = k_pages_PSKH.shape[2:]
+    k_cached = k_pages_PSKH[page_table_RP].reshape(1, -1, num_kv, head_dim)  # [1, R*S, K, H]
+    v_cached = v_pages_PSKH[page_table_RP].reshape(1, -1, num_kv, head_dim)
+    span = k_cached.shape[1] // segments
+    key_segment_S = jnp.repeat(jnp.arange(segments), span)
+    key_position_S = jnp.tile(jnp.arange(span), segments)
+    cached_mask_TS = ((segment_T[:, None] == key_segment_S[None])
+                      & (key_position_S[None] < cached_len_R[key_segment_S][None]))
+    chunk = q_TNH.shape[0]
+    new_mask_TT = ((segment_T[:, None] == segment_T[None]) & (segment_T[None] >= 0)
+                   & jnp.tril(jnp.ones((chunk, chunk), bool)))
+    dtype = q_TNH.dtype
+    k_all = jnp.concatenate([k_cached.astype(dtype), k_new_TKH[None].astype(dtype)], axis=1)
+    v_all = jnp.concatenate([v_cached.astype(dtype), v_new_TKH[None].astype(dtype)], axis=1)
+    mask = jnp.concatenate([cached_mask_TS, new_mask_TT], axis=-1)[None]
+    return gqa_attention(q_TNH[None], k_all, v_all, mask)[0]
+
+
+def packed_attend(q_BTNH, k_BTKH, v_BTKH, layer, aux: PackedAux):
+    """The `attend` hook of a packed prefill (B = 1); `layer` is this layer's index."""
+    k_pages = jax.lax.dynamic_index_in_dim(aux.k_pages, layer, 0, keepdims=False)
+    v_pages = jax.lax.dynamic_index_in_dim(aux.v_pages, layer, 0, keepdims=False)
+    out = packed_gather_attention(q_BTNH[0], k_BTKH[0], v_BTKH[0], k_pages, v_pages,
+                                  aux.page_table_RP, aux.cached_len_R, aux.segment_T)
+    return out[None], (k_BTKH, v_BTKH)
+
+
 def paged_attend(q_BTNH, k_BTKH, v_BTKH, layer, aux: PagedAux):
     """The `attend` hook. `layer` (the scanned cache slice) is this layer's index."""
     k_pages = jax.lax.dynamic_index_in_dim(aux.k_pages, layer, 0, keepdims=False)

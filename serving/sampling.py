@@ -8,6 +8,8 @@ own forward at the same temperature, which is what importance ratios compare aga
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import jax
 import jax.numpy as jnp
 
@@ -35,31 +37,41 @@ def _filter_top_k_top_p(scaled_BV, top_k_B, top_p_B):
     return jnp.where(scaled_BV >= threshold_B[:, None], scaled_BV, _NEG_INF)
 
 
+def sampling_mode(rows: Iterable[tuple[float, int, float]]) -> tuple[bool, bool]:
+    """(filter, draw) for `sample_tokens` from the host's (temperature, top_k, top_p) of
+    every row: filter if any sampled row asks for top-k/top-p, draw unless all are greedy."""
+    rows = list(rows)
+    filtering = any(t > 0 and (k > 0 or p < 1.0) for t, k, p in rows)
+    return filtering, any(t > 0 for t, _, _ in rows)
+
+
 def sample_tokens(logits_BV: jax.Array, key_data_B2: jax.Array, positions_B: jax.Array,
-                  temperature_B: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
+                  temperature_B: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array,
+                  mode: tuple[bool, bool] = (True, True)) -> tuple[jax.Array, jax.Array]:
     """Sample one token per row. Returns (tokens_B int32, logprobs_B float32).
 
     The key for row b is `fold_in(key_data_B2[b], positions_B[b])`: the stream depends on
-    the request's seed and the token's position only.
+    the request's seed and the token's position only. `mode` (static, from
+    `sampling_mode` over the rows' parameters, which the host knows) skips the vocab sort
+    when no row filters and the draws when every row is greedy; (True, True) is right for
+    any rows.
     """
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = temperature_B <= 0
     scaled_BV = logits_BV / jnp.where(greedy_B, 1.0, temperature_B)[:, None]
-    needs_filter = jnp.any(~greedy_B & ((top_k_B > 0) | (top_p_B < 1.0)))
-    # Sorting the vocab is the costly part; skip it when no row asks for top-k/top-p.
-    filtered_BV = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda s, k, p: s,
-                               scaled_BV, top_k_B, top_p_B)
+    # No `lax.cond` (its predicate is copied to the host on GPU): the host decides from
+    # parameters it set. Batch-wide, as the former cond's predicate, so tokens are the same
+    # bit for bit (a row without top-k/top-p is filtered too when another row asks for it).
+    filtering, drawing = mode
+    filtered_BV = _filter_top_k_top_p(scaled_BV, top_k_B, top_p_B) if filtering else scaled_BV
 
     def draw(key_data, position, row_V):
         key = jax.random.fold_in(jax.random.wrap_key_data(key_data), position)
         return jax.random.categorical(key, row_V)
 
     argmax_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    # All-greedy batches (evaluation) skip the draws entirely.
-    sampled_B = jax.lax.cond(
-        jnp.all(greedy_B), lambda: argmax_B,
-        lambda: jax.vmap(draw)(key_data_B2, positions_B, filtered_BV).astype(jnp.int32))
+    sampled_B = (jax.vmap(draw)(key_data_B2, positions_B, filtered_BV).astype(jnp.int32)
+                 if drawing else argmax_B)
     tokens_B = jnp.where(greedy_B, argmax_B, sampled_B)
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
     logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]

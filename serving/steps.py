@@ -1,8 +1,11 @@
-"""Pure device steps of the engine: prefill a chunk, insert into a slot, generate one token.
+"""Pure device steps of the engine: prefill a chunk (one request, or several packed with
+segment ids), insert into a slot, generate up to k tokens per slot in one call.
 
-Each function is compiled once by `Engine` (per prefill bucket), with the KV pages and
-the decode state donated, so steady-state serving neither recompiles nor copies the pool.
-Shapes: B decode slots, T chunk tokens, Pmax pages per sequence, V vocab.
+Each function is compiled by `Engine` once per static shape (prefill bucket, attention
+span, tokens per call, sampling mode), with the KV pages and the decode state donated, so
+steady-state serving neither recompiles nor copies the pool. No step branches on device
+values: a generate call runs a fixed number of steps and slots stop by masks.
+Shapes: B decode slots, T chunk tokens, R packed segments, Pmax pages per sequence, V vocab.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from flax import struct
 from tidejax.models.config import ModelConfig
 from tidejax.models.model import Params, output_kernel, run_layers
 from tidejax.serving.kv_pool import KVPages
-from tidejax.serving.paged_attention import PagedAux, paged_attend, write_kv, write_slots
+from tidejax.serving.paged_attention import (
+    PackedAux,
+    PagedAux,
+    packed_attend,
+    paged_attend,
+    write_kv,
+    write_slots,
+)
 from tidejax.serving.sampling import sample_tokens, seed_key_data
 
 # Columns of the packed result array (int32; the log-prob is float32 bit-cast).
@@ -24,7 +34,8 @@ TOKEN, LOGPROB, VALID, DONE, POSITION, GENERATED = range(6)
 NUM_RESULT_COLUMNS = 6
 
 # Incremented each time a step function is traced: tests assert it stays flat.
-TRACE_COUNTS: dict[str, int] = {"prefill": 0, "generate": 0, "insert": 0, "free": 0}
+TRACE_COUNTS: dict[str, int] = {"prefill": 0, "packed_prefill": 0, "generate": 0, "insert": 0,
+                                 "free": 0}
 
 
 @struct.dataclass
@@ -62,24 +73,25 @@ class SlotRow:
 
 @struct.dataclass
 class ResultTokens:
-    """Packed `[B, 6]` int32 results (see the column constants): one device-to-host copy."""
+    """Packed int32 results (see the column constants): `[B, 6]` for a prefill's first
+    token, `[num_steps, B, 6]` for a generate call. One device-to-host copy."""
 
     data: jax.Array
 
     def to_host(self) -> HostResults:
         data = np.asarray(jax.device_get(self.data))
         return HostResults(
-            tokens=data[:, TOKEN].copy(),
-            logprobs=data[:, LOGPROB].copy().view(np.float32),
-            valid=data[:, VALID].astype(bool),
-            done=data[:, DONE].astype(bool),
-            positions=data[:, POSITION].copy(),
-            generated=data[:, GENERATED].copy(),
+            tokens=data[..., TOKEN].copy(),
+            logprobs=data[..., LOGPROB].copy().view(np.float32),
+            valid=data[..., VALID].astype(bool),
+            done=data[..., DONE].astype(bool),
+            positions=data[..., POSITION].copy(),
+            generated=data[..., GENERATED].copy(),
         )
 
 
 class HostResults(NamedTuple):
-    """Numpy view of `ResultTokens`, one entry per slot (or one for a prefill)."""
+    """Numpy view of `ResultTokens`: `[B]` (a prefill: `[1]`) or `[num_steps, B]`."""
 
     tokens: np.ndarray
     logprobs: np.ndarray
@@ -109,15 +121,17 @@ def init_decode_state(max_slots: int, max_pages_per_seq: int, max_stop_tokens: i
 
 
 def paged_hidden(config: ModelConfig, kernel: str, page_size: int, params: Params,
-                 kv: KVPages, tokens_BT, cached_len_B, page_table_BP, write_BT
-                 ) -> tuple[jax.Array, KVPages]:
+                 kv: KVPages, tokens_BT, cached_len_B, page_table_BP, write_BT,
+                 span_pages: int | None = None) -> tuple[jax.Array, KVPages]:
     """Hidden states of a chunk at positions `cached_len_B + t`, over the cached pages.
 
-    Writes the chunk's K/V into the pool where `write_BT`; other tokens go to the trash page.
+    Attention reads only the first `span_pages` pages of each row (static; None: all), so
+    the caller bounds the gather by the live lengths. Writes the chunk's K/V into the pool
+    where `write_BT`; other tokens go to the trash page.
     """
     chunk = tokens_BT.shape[1]
     positions_BT = cached_len_B[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None]
-    aux = PagedAux(kv.k, kv.v, page_table_BP, cached_len_B, kernel)
+    aux = PagedAux(kv.k, kv.v, page_table_BP[:, :span_pages], cached_len_B, kernel)
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
     hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_BT, positions_BT,
                                             paged_attend, layers, aux)
@@ -133,7 +147,7 @@ def _logits(config: ModelConfig, params: Params, hidden_BD) -> jax.Array:
 
 
 def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
-                 params: Params, kv: KVPages, tokens_T, num_new, cached_len, page_row_P, write,
+                 mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, num_new, cached_len, page_row_P, write,
                  seed, temperature, top_k, top_p, max_new, stop_S
                  ) -> tuple[KVPages, ResultTokens]:
     """Prefill one chunk of one sequence; sample the token after its last real token.
@@ -150,44 +164,92 @@ def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: 
     logits = _logits(config, params, last_D[None])
     position = cached_len + num_new
     token, logprob = sample_tokens(logits, seed_key_data(seed)[None], position[None],
-                                   temperature[None], top_k[None], top_p[None])
+                                   temperature[None], top_k[None], top_p[None], mode)
     done = jnp.any(token[0] == stop_S) | (max_new <= 1) | (position >= max_seq_len)
     data = jnp.stack([token[0], jax.lax.bitcast_convert_type(logprob[0], jnp.int32),
                       jnp.int32(1), done.astype(jnp.int32), position, jnp.int32(1)])
     return kv, ResultTokens(data[None])
 
 
-def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
-                  params: Params, kv: KVPages, state: DecodeState, page_update_B2
-                  ) -> tuple[KVPages, DecodeState, ResultTokens]:
-    """One decode step for every slot.
+def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
+                        span_pages: int, mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, segment_T,
+                        offset_T, cached_len_R, page_table_RP, last_R, write_R, sample_R,
+                        seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS
+                        ) -> tuple[KVPages, ResultTokens]:
+    """Prefill pieces of up to R requests packed in one chunk (segment ids, no padding
+    between them). Segment r's tokens sit at positions `cached_len_R[r] + offset_T`; its
+    K/V is written where `write_R[r]`. For segments with `sample_R` (their prompt's last
+    piece) the token after index `last_R[r]` is sampled. Returns results `[R, 6]`.
+    """
+    TRACE_COUNTS["packed_prefill"] += 1
+    real_T = segment_T >= 0
+    seg_T = jnp.maximum(segment_T, 0)
+    positions_T = cached_len_R[seg_T] + offset_T
+    aux = PackedAux(kv.k, kv.v, page_table_RP[:, :span_pages], cached_len_R, segment_T)
+    layers = jnp.arange(config.num_layers, dtype=jnp.int32)
+    hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_T[None], positions_T[None],
+                                            packed_attend, layers, aux)
+    trash = kv.k.shape[1] - 1
+    index_T = jnp.clip(positions_T // page_size, 0, page_table_RP.shape[1] - 1)
+    page_T = jnp.where(real_T & write_R[seg_T], page_table_RP[seg_T, index_T], trash)
+    offset_in_page_T = positions_T % page_size
+    kv = KVPages(write_kv(kv.k, k_new, page_T[None], offset_in_page_T[None]),
+                 write_kv(kv.v, v_new, page_T[None], offset_in_page_T[None]))
+    logits = _logits(config, params, hidden_BTD[0, last_R])
+    position_R = positions_T[last_R] + 1
+    token, logprob = sample_tokens(logits, jax.vmap(seed_key_data)(seed_R), position_R,
+                                   temperature_R, top_k_R, top_p_R, mode)
+    done = (jnp.any(token[:, None] == stop_RS, axis=1) | (max_new_R <= 1)
+            | (position_R >= max_seq_len))
+    ones = jnp.ones_like(token)
+    data = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
+                      sample_R.astype(jnp.int32), done.astype(jnp.int32), position_R, ones],
+                     axis=1)
+    return kv, ResultTokens(data)
 
-    `page_update_B2[b] = (index, page)` first sets `page_table[b, index] = page` (index
-    `Pmax` means no update): the host hands out a slot's next page just in time.
+
+def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
+                  num_steps: int, span_pages: int, mode: tuple[bool, bool], params: Params,
+                  kv: KVPages,
+                  state: DecodeState, page_table_BP) -> tuple[KVPages, DecodeState, ResultTokens]:
+    """`num_steps` decode steps for every slot in one call (a fixed-trip on-device loop:
+    no early exit, whose predicate would be a host sync on GPU). A slot stops on a stop
+    id, its max new tokens or the max length; later steps leave it untouched (`valid` 0).
+
+    `page_table_BP` is the host's page table: it already holds the pages of every token
+    the call may write (the host reserves `num_steps` ahead). Attention reads the first
+    `span_pages` pages of each row (static, bucketed by the host over the live lengths).
+    `mode` (static) is `sampling_mode` over every slot's sampling parameters.
+    Returns results `[num_steps, B, 6]`.
     """
     TRACE_COUNTS["generate"] += 1
-    batch = state.page_table_BP.shape[0]
-    index_B, page_B = page_update_B2[:, 0], page_update_B2[:, 1]
-    page_table = state.page_table_BP.at[jnp.arange(batch), index_B].set(page_B, mode="drop")
-    active = state.active_B
-    hidden, kv = paged_hidden(config, kernel, page_size, params, kv, state.tokens_B[:, None],
-                              state.lengths_B, page_table, active[:, None])
-    logits = _logits(config, params, hidden[:, 0])
-    new_len = state.lengths_B + active.astype(jnp.int32)
-    token, logprob = sample_tokens(logits, state.key_data_B2, new_len, state.temperature_B,
-                                   state.top_k_B, state.top_p_B)
-    generated = state.generated_B + active.astype(jnp.int32)
-    is_stop = jnp.any(token[:, None] == state.stop_BS, axis=1)
-    # The next step would write this token's K/V at new_len; stop when that cannot fit.
-    done = active & (is_stop | (generated >= state.max_new_B) | (new_len >= max_seq_len))
-    data = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
-                      active.astype(jnp.int32), done.astype(jnp.int32), new_len, generated],
-                     axis=1)
-    state = state.replace(
-        tokens_B=jnp.where(active, token, state.tokens_B), lengths_B=new_len,
-        page_table_BP=page_table, active_B=active & ~done, generated_B=generated,
-        decode_tokens=state.decode_tokens + jnp.sum(active, dtype=jnp.int32))
-    return kv, state, ResultTokens(data)
+
+    def one_step(carry, _):
+        kv, state = carry
+        active = state.active_B
+        hidden, kv = paged_hidden(config, kernel, page_size, params, kv,
+                                  state.tokens_B[:, None], state.lengths_B, page_table_BP,
+                                  active[:, None], span_pages)
+        logits = _logits(config, params, hidden[:, 0])
+        new_len = state.lengths_B + active.astype(jnp.int32)
+        token, logprob = sample_tokens(logits, state.key_data_B2, new_len, state.temperature_B,
+                                       state.top_k_B, state.top_p_B, mode)
+        generated = state.generated_B + active.astype(jnp.int32)
+        is_stop = jnp.any(token[:, None] == state.stop_BS, axis=1)
+        # The next step would write this token's K/V at new_len; stop when that cannot fit.
+        done = active & (is_stop | (generated >= state.max_new_B) | (new_len >= max_seq_len))
+        data_B6 = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
+                             active.astype(jnp.int32), done.astype(jnp.int32), new_len,
+                             generated], axis=1)
+        state = state.replace(
+            tokens_B=jnp.where(active, token, state.tokens_B), lengths_B=new_len,
+            active_B=active & ~done, generated_B=generated,
+            decode_tokens=state.decode_tokens + jnp.sum(active, dtype=jnp.int32))
+        return (kv, state), data_B6
+
+    state = state.replace(page_table_BP=page_table_BP)
+    (kv, state), data_KB6 = jax.lax.scan(one_step, (kv, state), None, length=num_steps)
+    return kv, state, ResultTokens(data_KB6)
 
 
 def insert_step(state: DecodeState, slot, first: ResultTokens, row: SlotRow) -> DecodeState:

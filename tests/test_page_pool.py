@@ -53,6 +53,25 @@ def test_pinned_task_resumes_with_all_its_tokens():
     pool.check()
 
 
+def test_truncate_gives_back_reserved_tail_pages_only():
+    """A decoder reserved ahead (3 pages) but only 5 tokens have K/V: the tail page goes
+    back to the free list; a shared indexed page stays referenced by the other task."""
+    pool = PagePool(8, PS)
+    pool.allocate("a", 2 * PS, keys(1, 2 * PS))
+    pool.release("a")  # two indexed full pages, cached
+    pool.allocate("b", 2 * PS + 1, keys(1, 2 * PS + 1), reserve=PS)  # 3 pages + reserve
+    assert len(pool.pages("b")) == 4
+    free_before = pool.free_pages()
+    pool.truncate("b", 2 * PS + 2)
+    assert len(pool.pages("b")) == 3 and pool.tokens("b") == 2 * PS + 2
+    assert pool.free_pages() == free_before + 1
+    pool.truncate("b", PS)  # back into the shared, indexed pages: the 2nd goes to the LRU
+    assert len(pool.pages("b")) == 1 and pool.cached_pages() == 1
+    with pytest.raises(ValueError):
+        pool.truncate("b", PS + 1)
+    pool.check()
+
+
 def test_lru_evicts_oldest_unreferenced_and_never_pinned():
     pool = PagePool(4, PS)
     pool.allocate("a", 8, keys(1, 8))

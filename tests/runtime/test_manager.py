@@ -115,11 +115,11 @@ class FailingEngine(MockEngine):
         self.fail_after = fail_after
         self.calls = 0
 
-    def generate(self, params, decode_state):
+    def generate(self, params, decode_state, num_steps=None):
         self.calls += 1
         if self.calls > self.fail_after:
             raise RuntimeError("injected device failure")
-        return super().generate(params, decode_state)
+        return super().generate(params, decode_state, num_steps)
 
 
 @pytest.mark.parametrize("scheduler", ["ctb", "request"])
@@ -129,7 +129,9 @@ def test_failed_rank_is_quarantined_and_every_task_still_trains(scheduler):
         pool = EnvPool(PoolConfig(capacity=32), env_factory=local_env_factory(),
                        latency=LatencyModel.default(time_scale=0.01, seed=0))
         engines = {0: MockEngine(engine_config(), vocab_size=tok.vocab_size),
-                   1: FailingEngine(engine_config(), vocab_size=tok.vocab_size, fail_after=6),
+                   # One token per generate call: it fails after 6 decode steps.
+                   1: FailingEngine(engine_config().replace(decode_steps_per_call=1),
+                                    vocab_size=tok.vocab_size, fail_after=6),
                    2: MockEngine(engine_config(), vocab_size=tok.vocab_size)}
         workers = {r: RolloutWorker(r, e, pin_after_turn=scheduler == "ctb")
                    for r, e in engines.items()}

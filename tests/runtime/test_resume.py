@@ -42,10 +42,10 @@ class DyingEngine(MockEngine):
         super().__init__(*args, **kwargs)
         self.dead = dead
 
-    def generate(self, params, decode_state):
+    def generate(self, params, decode_state, num_steps=None):
         if self.dead.is_set():
             raise RuntimeError("injected rank failure")
-        return super().generate(params, decode_state)
+        return super().generate(params, decode_state, num_steps)
 
 
 def make_manager(scheduler="ctb", ranks=2, env_capacity=32, seed=0, engines=None):

@@ -20,11 +20,11 @@ class OnceBrokenEngine(MockEngine):
         super().__init__(*args, **kwargs)
         self.broke = False
 
-    def generate(self, params, decode_state):
+    def generate(self, params, decode_state, num_steps=None):
         if not self.broke:
             self.broke = True
             raise RuntimeError("device error")
-        return super().generate(params, decode_state)
+        return super().generate(params, decode_state, num_steps)
 
 
 class Answer:

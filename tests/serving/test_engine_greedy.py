@@ -139,3 +139,36 @@ def test_engine_config_validation_names_the_field():
         SamplingParams(temperature=-1.0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+def test_packed_prefill_matches_full_forward_and_pads_less(reference):
+    """Four prompts admitted at once share packed prefill calls: a GRPO group of three on
+    one prompt (the 2nd and 3rd hit pages the 1st writes in the same batch, so they start
+    a new call), and a prompt longer than the largest bucket (split across calls). Then a
+    pinned task's next turn (CTB's resume path) prefills only its new tokens, packed."""
+    params, logprobs = reference
+    packed = tiny_engine(tiny_engine_config(prefill_packing=True), params=params)
+    rng = np.random.default_rng(8)
+    group = rng.integers(0, 512, 27).tolist()
+    long_prompt = rng.integers(0, 512, 70).tolist()
+    loop = RequestLoop(packed)
+    for i in range(3):
+        loop.submit(Request(f"g{i}", f"g{i}", group, 6, SamplingParams.greedy()))
+    loop.submit(Request("long", "long", long_prompt, 5, SamplingParams.greedy()))
+    loop.pin("long")
+    done = {c.request_id: c for c in loop.run()}
+    for completion in done.values():
+        check_greedy(completion, logprobs)
+    assert done["g1"].cached_tokens == done["g2"].cached_tokens == 24  # three full pages
+    metrics = packed.metrics()
+    # 27 + 3 + 3 + 70 new tokens in calls of <= 64: far fewer padded tokens than one
+    # request per call (64 + 16 + 16 + 64 + 16 = 176).
+    assert metrics.prefill_tokens_computed == 27 + 3 + 3 + 70
+    assert metrics.prefill_tokens_padded < 176 and metrics.prefill_calls < 5
+    observation = rng.integers(0, 512, 9).tolist()
+    prompt2 = long_prompt + list(done["long"].token_ids) + observation
+    loop.submit(Request("long/2", "long", prompt2, 4, SamplingParams.greedy()))
+    (turn2,) = list(loop.run())
+    assert turn2.cached_tokens == len(long_prompt) + len(done["long"].token_ids) - 1
+    check_greedy(turn2, logprobs)
+    packed.pool.check()

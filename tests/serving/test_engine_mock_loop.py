@@ -25,10 +25,10 @@ def test_mock_engine_api_by_hand():
     state = engine.insert(prefix, state, slot=1)
     got = []
     for _ in range(3):
-        state, result = engine.generate(None, state)
-        host = result.to_host()
-        assert not host.valid[0]  # slot 0 is empty
-        got.append((int(host.tokens[1]), float(host.logprobs[1]), bool(host.done[1])))
+        state, result = engine.generate(None, state, num_steps=1)
+        host = result.to_host()  # [1 step, 2 slots]
+        assert not host.valid[0, 0]  # slot 0 is empty
+        got.append((int(host.tokens[0, 1]), float(host.logprobs[0, 1]), bool(host.done[0, 1])))
     # 8 -> 9 -> 0 (mod 10) -> 1; the 4th token overall reaches max_new_tokens.
     assert got == [(9, -0.25, False), (0, -0.25, False), (1, -0.25, True)]
     state = engine.free_slot(state, 1, [3, 4, 5, 6, 7, 8, 9, 0, 1])
@@ -68,14 +68,16 @@ def test_out_of_pages_preempts_newest_and_recomputes():
 
 
 def test_generate_raises_out_of_pages_without_dispatching():
-    config = CONFIG.replace(num_pages=2, max_pages_per_seq=2, prefill_buckets=(8,))
+    config = CONFIG.replace(num_pages=3, max_pages_per_seq=3, prefill_buckets=(8,))
     engine = MockEngine(config)
     state = engine.init_decode_state()
-    state = engine.insert(engine.prefill(None, list(range(8)), "t",
-                                         SamplingParams(max_new_tokens=5)), state, 0)
+    # Both prompts fill their pages and the pool: each slot's next token needs a page.
+    for slot, (task, prompt) in enumerate((("t", range(8)), ("u", range(100, 104)))):
+        state = engine.insert(engine.prefill(None, list(prompt), task,
+                                             SamplingParams(max_new_tokens=5)), state, slot)
     with pytest.raises(OutOfPages) as err:
         engine.generate(None, state)
-    assert err.value.slots == (0,) and engine.metrics().decode_steps == 0
+    assert err.value.slots == (0, 1) and engine.metrics().decode_steps == 0
 
 
 def run_multi_turn(pin: bool):
@@ -169,3 +171,31 @@ def test_loop_reports_a_stall_when_pinned_pages_block_admission():
     loop.unpin("A")
     (done,) = list(loop.run())
     assert done.request_id == "b"
+
+
+def test_results_are_read_one_dispatch_late_and_dispatches_stop_when_not_needed():
+    """Step 1 dispatches and reads nothing; step 2 dispatches and reads step 1; step 3
+    needs no dispatch (max new tokens reached by those made) and reads step 2."""
+    engine = MockEngine(CONFIG.replace(decode_steps_per_call=1))
+    loop = RequestLoop(engine)
+    loop.submit(Request("a", "t", [1, 2, 3], 3))
+    per_step = [[c.token_ids for c in loop.step()] for _ in range(3)]
+    assert per_step == [[], [], [(4, 5, 6)]]
+    assert engine.metrics().decode_steps == 2 and loop.idle
+
+
+def test_multi_token_dispatch_stops_each_slot_and_returns_unused_pages():
+    """Eight tokens per dispatch: a slot hitting a stop id mid-call stops there while the
+    other decodes on; pinning keeps only the pages of tokens with K/V."""
+    engine = MockEngine(CONFIG.replace(decode_steps_per_call=8, num_pages=32))
+    loop = RequestLoop(engine)
+    loop.pin("A")
+    loop.submit(Request("a", "A", [1, 2, 3], 20, SamplingParams(stop_token_ids=(6,))))
+    loop.submit(Request("b", "B", [40, 41], 20))
+    done = {c.request_id: c for c in loop.run()}
+    assert done["a"].token_ids == (4, 5, 6) and done["a"].finish_reason == "stop"
+    assert done["b"].token_ids == tuple(range(42, 62))
+    # A holds 3 prompt + 2 fed-back tokens with K/V: 2 pages of 4, not the 3 it reserved.
+    assert engine.accounting().pinned_tokens == 8
+    assert engine.pool.pages.tokens("A") == 5
+    engine.pool.check()

@@ -63,3 +63,26 @@ def test_draws_depend_on_seed_and_position_only():
     np.testing.assert_array_equal(a, b)
     assert (np.asarray(a) != np.asarray(c)).any()
     assert len(set(np.asarray(a).tolist())) > 3  # positions give different draws
+
+
+def test_sampling_has_no_conditionals():
+    """A `cond` predicate is copied to the host on GPU: the sampler uses selects only."""
+    import jax
+    import jax.numpy as jnp
+    from tidejax.serving.sampling import sample_tokens
+
+    b, v = 3, 11
+    jaxpr = jax.make_jaxpr(sample_tokens)(
+        jnp.zeros((b, v)), jnp.zeros((b, 2), jnp.uint32), jnp.zeros((b,), jnp.int32),
+        jnp.ones((b,)), jnp.zeros((b,), jnp.int32), jnp.ones((b,)))
+
+    def primitives(jaxpr):  # nested jaxprs too (jitted helpers appear as pjit)
+        for eqn in jaxpr.eqns:
+            yield eqn.primitive.name
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", param)
+                if hasattr(inner, "eqns"):
+                    yield from primitives(inner)
+
+    names = set(primitives(jaxpr.jaxpr))
+    assert "cond" not in names and "while" not in names, names

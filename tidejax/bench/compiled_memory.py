@@ -159,7 +159,7 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
         (model_config.num_layers, ec.num_pages + 1, ec.page_size, model_config.num_kv_heads,
          model_config.head_dim), model_config.jnp_dtype, sharding=kv_sharding)
     kv = KVPages(page, page)
-    prefill, generate, _, _ = _compiled_steps(model_config, ec.attention, ec.page_size,
+    prefill, generate, _, _, _ = _compiled_steps(model_config, ec.attention, ec.page_size,
                                               ec.max_seq_len, kv_sharding, replicated)
 
     def scalar(dtype, shape=()):
@@ -167,14 +167,16 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
 
     i32, f32 = jnp.int32, jnp.float32
     chunk = ec.prefill_buckets[-1]
-    pre = prefill.lower(params, kv, scalar(i32, (chunk,)), scalar(i32), scalar(i32),
+    pre = prefill.lower((True, True), params, kv, scalar(i32, (chunk,)), scalar(i32), scalar(i32),
                         scalar(i32, (ec.max_pages_per_seq,)), scalar(jnp.bool_),
                         scalar(jnp.uint32), scalar(f32), scalar(i32), scalar(f32), scalar(i32),
                         scalar(i32, (ec.max_stop_tokens,))).compile()
     state = jax.eval_shape(lambda: serving_steps.init_decode_state(
         ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens, 0))
     state = jax.tree.map(lambda a: scalar(a.dtype, a.shape), state)
-    gen = generate.lower(params, kv, state, scalar(i32, (ec.max_slots, 2))).compile()
+    gen = generate.lower(ec.decode_steps_per_call, ec.max_pages_per_seq, (True, True), params,
+                         kv, state,
+                         scalar(i32, (ec.max_slots, ec.max_pages_per_seq))).compile()
     return {"prefill": _program(pre), "decode": _program(gen)}
 
 

@@ -55,8 +55,10 @@ async def run_once(scheduler, engines, tokenizer, groups, group_size, seed, time
     after = [e.metrics() for e in engines]
     prefill = sum(a.prefill_tokens_computed - b.prefill_tokens_computed
                   for a, b in zip(after, before))
+    padded = sum(a.prefill_tokens_padded - b.prefill_tokens_padded for a, b in zip(after, before))
     generated = manager.counters["generated_tokens"]
     return {"hit_rate": manager.hit_rate(), "prefill_tokens": prefill,
+            "prefill_padding": 1 - prefill / padded if padded else 0.0,
             "gen_tok_s": generated / wall, "wall_s": wall, "generated": generated,
             "pauses": manager.counters["pauses"], "rehomed": manager.counters["rehomed"]}
 
@@ -84,6 +86,8 @@ def main(argv=None) -> None:
     ec = EngineConfig(page_size=16, num_pages=args.num_pages, max_slots=8, max_pages_per_seq=96,
                       prefill_buckets=(256, 768))
     engines = [make_engine(config, params, [d], ec) for d in jax.devices()[:args.ranks]]
+    for engine in engines:  # every shape (buckets, tokens per call, sampling modes) up front
+        engine.warm_up()
     # Warm-up: compile every shape before timing.
     asyncio.run(run_once("request", engines, tokenizer, 2, 2, args.seed + 1, 0.01))
     results = {}
@@ -93,7 +97,7 @@ def main(argv=None) -> None:
         results[scheduler] = r
         print(f"{scheduler:8s} hit_rate={r['hit_rate']:.3f} prefill_tokens={r['prefill_tokens']} "
               f"gen_tok_s={r['gen_tok_s']:.1f} wall={r['wall_s']:.1f}s pauses={r['pauses']} "
-              f"rehomed={r['rehomed']}", flush=True)
+              f"rehomed={r['rehomed']} prefill_padding={r['prefill_padding']:.3f}", flush=True)
     req, ctb = results["request"], results["ctb"]
     print(f"ctb_hit_ratio={ctb['hit_rate'] / max(req['hit_rate'], 1e-9):.2f} "
           f"prefill_ratio={ctb['prefill_tokens'] / max(req['prefill_tokens'], 1):.2f} "

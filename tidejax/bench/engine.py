@@ -17,7 +17,17 @@ serving other requests during a wait evicts the paused task's pages (TideRL's C1
 same trace is also run with a naive pin-while-waiting policy to show the mechanism; it is
 a demonstration of the hooks, not CTB.
 
-The last line is `engine_overhead_ratio=<engine tok/s / bare tok/s> request_level_hit_rate=<x>`.
+Against the hardware. The bytes one decode step must read (weights once, plus each slot's
+live K/V) over the engine's step time, as a fraction of the device's memory bandwidth:
+HBM bandwidth from a table for accelerators, a measured numpy copy on a CPU. Host time per
+step is the CPU time of the thread driving a `RequestLoop` (`time.thread_time`: device
+work runs on other threads) per decode step (one token for every slot). Prefill padding
+is the share of padded prefill tokens on a WebShop-shaped multi-turn trace (first prompt
+~400 tokens, ~350-token observations appended per turn, the job's (256, 768) buckets),
+one request per call (the default) and packed (`prefill_packing=True`, the last line's).
+
+The last line is `engine_overhead_ratio=<engine tok/s / bare tok/s> request_level_hit_rate=<x>
+roofline_fraction=<x> host_ms_per_step=<y> prefill_padding=<z>`.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from tidejax.serving import (
     SamplingParams,
     make_engine,
 )
+from tidejax.serving.sampling import sampling_mode
 from tidejax.serving.testing import random_params
 
 
@@ -77,16 +88,22 @@ class BenchConfig:
 
 
 # ---------------------------------------------------------------- throughput
-def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: SamplingParams):
-    """A function `run(steps) -> seconds` of `Engine.generate` with every slot busy."""
+def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: SamplingParams,
+                   **engine_changes):
+    """A function `run(steps) -> seconds` of `Engine.generate` with every slot busy
+    (`decode_steps_per_call` tokens per call; `steps` is rounded to whole calls)."""
     b = bench
     engine_config = EngineConfig(page_size=b.page_size, num_pages=b.slots * b.max_pages_per_seq,
                                  max_slots=b.slots, max_pages_per_seq=b.max_pages_per_seq,
-                                 prefill_buckets=(b.prompt_len,), sampling=sampling)
+                                 prefill_buckets=(b.prompt_len,), sampling=sampling,
+                                 **engine_changes)
     engine = make_engine(config, params, jax.devices()[:1], engine_config)
+    per_call = engine_config.decode_steps_per_call
+    engine.warm_up(modes=[sampling_mode([(sampling.temperature, sampling.top_k,
+                                          sampling.top_p)])], steps_per_call=[per_call])
     rng = np.random.default_rng(b.seed)
     box = [engine.init_decode_state()]
-    total = b.warmup_steps + b.rounds * b.timed_steps + 2
+    total = b.warmup_steps + b.rounds * b.timed_steps + 2 + 8 * 8
     for slot in range(b.slots):
         prompt = rng.integers(0, config.vocab_size, b.prompt_len).tolist()
         request = sampling.replace(max_new_tokens=total, seed=slot)
@@ -95,9 +112,9 @@ def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: Sa
 
     def run(steps: int) -> float:
         start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(-(-steps // per_call)):
             box[0], result = engine.generate(engine.params, box[0])
-            host = result.to_host()  # what a serving loop reads every step
+            host = result.to_host()  # what a serving loop reads every call
         elapsed = time.perf_counter() - start
         assert host.valid.all(), "a slot stopped inside the timed window"
         return elapsed
@@ -137,6 +154,10 @@ def decode_rates(config: ModelConfig, params, bench: BenchConfig) -> dict[str, f
     from other processes on a shared machine biases none of them."""
     decoders = {
         "engine": engine_decoder(config, params, bench, SamplingParams.greedy()),
+        "engine_live_span": engine_decoder(config, params, bench, SamplingParams.greedy(),
+                                           attention_span="live"),
+        "engine_one_per_call": engine_decoder(config, params, bench, SamplingParams.greedy(),
+                                              decode_steps_per_call=1),
         "bare": bare_decoder(config, params, bench),
         "engine_sampled": engine_decoder(config, params, bench, SamplingParams(temperature=1.0)),
     }
@@ -145,6 +166,91 @@ def decode_rates(config: ModelConfig, params, bench: BenchConfig) -> dict[str, f
         for name, run in decoders.items():
             best[name] = min(best[name], run(bench.timed_steps))
     return {name: bench.slots * bench.timed_steps / t for name, t in best.items()}
+
+
+# ---------------------------------------------------------------- against the hardware
+# Peak memory bandwidth (bytes/s) by device kind, from vendor data sheets; first match wins.
+HBM_BANDWIDTH = (
+    ("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100-SXM4-80GB", 2.039e12),
+    ("A100", 1.555e12), ("L40S", 0.864e12), ("L4", 0.3e12), ("A10", 0.6e12),
+    ("TPU v5p", 2.765e12), ("TPU v5 lite", 0.819e12), ("TPU v5e", 0.819e12),
+    ("TPU v4", 1.2e12), ("TPU v6", 1.64e12),
+)
+
+
+def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Host memory bandwidth (bytes/s): read + write of a large numpy copy, best of a few."""
+    src = np.ones(nbytes // 8, np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def device_bandwidth() -> tuple[float, str]:
+    """(bytes/s, where the figure comes from) for the default device."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return copy_bandwidth(), "measured numpy copy"
+    for name, bandwidth in HBM_BANDWIDTH:
+        if name.lower() in device.device_kind.lower():
+            return bandwidth, f"table ({name})"
+    return float("nan"), f"unknown device kind {device.device_kind!r}"
+
+
+def step_bytes(config: ModelConfig, params, slots: int, mean_length: float) -> float:
+    """Bytes a decode step must read: every weight once plus each slot's live K and V."""
+    itemsize = jnp.dtype(config.jnp_dtype).itemsize
+    weights = sum(x.size for x in jax.tree.leaves(params)) * itemsize
+    kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+    return weights + slots * mean_length * kv_per_token
+
+
+def host_ms_per_step(config: ModelConfig, params, bench: BenchConfig,
+                     engine_config: EngineConfig) -> tuple[float, float]:
+    """(host CPU ms, wall ms) per decode step of a `RequestLoop` with every slot busy."""
+    b = bench
+    engine = make_engine(config, params, jax.devices()[:1], engine_config)
+    loop = RequestLoop(engine)
+    rng = np.random.default_rng(b.seed + 2)
+    steps = b.warmup_steps + b.timed_steps
+    for slot in range(b.slots):
+        loop.submit(Request(slot, None, rng.integers(0, config.vocab_size, b.prompt_len).tolist(),
+                            steps + 64, SamplingParams.greedy(seed=slot)))
+    while loop.metrics().decode_tokens < b.warmup_steps * b.slots:
+        loop.step()
+    tokens_before = loop.metrics().decode_tokens
+    cpu, wall = time.thread_time(), time.perf_counter()
+    while loop.metrics().decode_tokens - tokens_before < b.timed_steps * b.slots:
+        assert not loop.step(), "a request finished inside the timed window"
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    token_steps = (loop.metrics().decode_tokens - tokens_before) / b.slots
+    return 1e3 * cpu / token_steps, 1e3 * wall / token_steps
+
+
+def webshop_shaped_padding(config: ModelConfig, params, engine_config: EngineConfig,
+                           tasks: int = 16, turns: int = 3, seed: int = 0) -> float:
+    """Share of padded prefill tokens serving a WebShop-shaped multi-turn trace: pinned
+    tasks (CTB's resume path) whose turns append ~350-token observations."""
+    rng = np.random.default_rng(seed)
+    engine = make_engine(config, params, jax.devices()[:1], engine_config)
+    loop = RequestLoop(engine)
+    context = {t: rng.integers(0, config.vocab_size, int(rng.integers(300, 500))).tolist()
+               for t in range(tasks)}
+    for turn in range(turns):
+        for task, tokens in context.items():
+            loop.pin(task)
+            loop.submit(Request(f"{task}/{turn}", task, tokens, 24,
+                                SamplingParams(temperature=1.0, seed=task)))
+        for done in loop.run():
+            observation = rng.integers(0, config.vocab_size, int(rng.integers(250, 450)))
+            context[done.task_id] = context[done.task_id] + list(done.token_ids) + \
+                observation.tolist()
+    metrics = engine.metrics()
+    return 1 - metrics.prefill_tokens_computed / metrics.prefill_tokens_padded
 
 
 # ---------------------------------------------------------------- multi-turn trace
@@ -237,7 +343,7 @@ def run_trace(config: ModelConfig, params, bench: BenchConfig, pin_demo: bool) -
             if turn_index[task] == len(trace[task][1]) - 1:
                 more_turns.discard(task)  # its last turn needs no pinning afterwards
             heapq.heappush(arrivals, (tick + 1 + turn.wait_steps, task))
-        tick += 1
+        tick += engine_config.decode_steps_per_call  # the clock counts decode steps (tokens)
     engine.pool.check()
     return loop.metrics().kv_hit_rate, loop.metrics().steps
 
@@ -260,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     rates = decode_rates(config, params, bench)
     engine_rate, bare_rate, sampled_rate = rates["engine"], rates["bare"], rates["engine_sampled"]
     print(f"decode tok/s: engine(greedy)={engine_rate:.0f} bare_dense(argmax)={bare_rate:.0f} "
-          f"engine(temperature=1)={sampled_rate:.0f}")
+          f"engine(temperature=1)={sampled_rate:.0f} engine(live span)="
+          f"{rates['engine_live_span']:.0f} engine(1 token/call)={rates['engine_one_per_call']:.0f}")
     hit_rate = float("nan")
     if not args.skip_trace:
         hit_rate, steps = run_trace(config, params, bench, pin_demo=False)
@@ -269,7 +376,28 @@ def main(argv: list[str] | None = None) -> None:
               f"pool={bench.pool_fraction:.0%} of final contexts): request_level hit_rate="
               f"{hit_rate:.3f} ({steps} steps); pin_while_waiting demo hit_rate="
               f"{pinned_rate:.3f} ({pinned_steps} steps)")
-    print(f"engine_overhead_ratio={engine_rate / bare_rate:.3f} request_level_hit_rate={hit_rate:.3f}")
+    host_config = EngineConfig(page_size=bench.page_size, num_pages=bench.slots * bench.max_pages_per_seq,
+                               max_slots=bench.slots, max_pages_per_seq=bench.max_pages_per_seq,
+                               prefill_buckets=(bench.prompt_len,))
+    host_ms, wall_ms = host_ms_per_step(config, params, bench, host_config)
+    mean_length = bench.prompt_len + bench.warmup_steps + bench.rounds * bench.timed_steps / 2
+    read_bytes = step_bytes(config, params, bench.slots, mean_length)
+    bandwidth, source = device_bandwidth()
+    step_s = bench.slots / engine_rate
+    roofline = read_bytes / step_s / bandwidth
+    print(f"decode step reads {read_bytes / 1e6:.2f} MB (weights + live KV at mean length "
+          f"{mean_length:.0f}); bandwidth {bandwidth / 1e9:.1f} GB/s ({source}); engine step "
+          f"{step_s * 1e3:.3f} ms = {roofline:.4f} of the memory roofline")
+    print(f"request loop: host {host_ms:.3f} ms CPU per decode step (wall {wall_ms:.3f} ms)")
+    trace_config = EngineConfig(page_size=16, num_pages=2048, max_slots=bench.slots,
+                                max_pages_per_seq=96, prefill_buckets=(256, 768))
+    unpacked = webshop_shaped_padding(config, params, trace_config)
+    padding = webshop_shaped_padding(config, params, trace_config.replace(prefill_packing=True))
+    print(f"webshop-shaped trace: prefill padding {unpacked:.3f} of prefill tokens one request "
+          f"per call (default), {padding:.3f} packed (prefill_packing=True; the last line's)")
+    print(f"engine_overhead_ratio={engine_rate / bare_rate:.3f} request_level_hit_rate={hit_rate:.3f} "
+          f"roofline_fraction={roofline:.4f} host_ms_per_step={host_ms:.3f} "
+          f"prefill_padding={padding:.3f}")
 
 
 if __name__ == "__main__":

@@ -57,11 +57,11 @@ class _DyingEngine(MockEngine):
         super().__init__(*args, **kwargs)
         self.fail_after, self.calls = fail_after, 0
 
-    def generate(self, params, decode_state):
+    def generate(self, params, decode_state, num_steps=None):
         self.calls += 1
         if self.calls > self.fail_after:
             raise RuntimeError("injected rank failure")
-        return super().generate(params, decode_state)
+        return super().generate(params, decode_state, num_steps)
 
 
 async def _rollout(name: str, faults: FaultConfig | None, kill_rank: bool, n_groups=12) -> Row:

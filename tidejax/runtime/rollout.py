@@ -248,6 +248,7 @@ class RolloutWorker:
         start = time.perf_counter()
         t0 = self.trace.now_us() if self.trace else 0.0
         running = self.loop.num_running
+        tokens_before = self.loop.decode_tokens
         # The loop handles a full KV pool itself (a prefill that does not fit waits, a
         # decode short of a page preempts); whatever it raises is a failure of this rank.
         completions = self.loop.step()
@@ -261,7 +262,8 @@ class RolloutWorker:
                 self.loop.unpin(task)
             completions = self.loop.step()
         self.stats.busy_s += time.perf_counter() - start
-        self.stats.decode_tokens += running
+        # A step decodes up to decode_steps_per_call tokens per slot (read a step late).
+        self.stats.decode_tokens += self.loop.decode_tokens - tokens_before
         if self.trace:
             self.trace.complete("decode", self.track, t0, self.trace.now_us(), lane="rollout",
                                 slots=running)
