@@ -295,14 +295,7 @@ class PagePool:
         if not 0 <= n_tokens <= seq.n_tokens:
             raise ValueError(f"cannot truncate {seq.n_tokens} tokens to {n_tokens}")
         keep = self.pages_for(n_tokens)
-        ref, key, free, lru = self._ref, self._key, self._free, self._lru
-        for page in reversed(seq.pages[keep:]):
-            ref[page] -= 1
-            if not ref[page]:
-                if key[page] is None:
-                    free.append(page)
-                else:
-                    lru[page] = None
+        self._release(seq.pages[keep:])
         del seq.pages[keep:]
         del seq.hashes[n_tokens // self.page_size:]
         seq.n_tokens = n_tokens
@@ -472,10 +465,14 @@ class PagePool:
 
     def _drop(self, task_id: Hashable, seq: _Seq) -> None:
         del self._seqs[task_id]
-        # Tail pages go into the LRU first (older), so eviction shortens chains from the end
-        # and keeps their prefixes findable.
+        self._release(seq.pages)
+
+    def _release(self, pages: list[int]) -> None:
+        """Drop one reference to each page; a page no one holds goes to the free list, or to
+        the LRU when its prefix is indexed. Tail pages go into the LRU first (older), so
+        eviction shortens chains from the end and keeps their prefixes findable."""
         ref, key, free, lru = self._ref, self._key, self._free, self._lru
-        for page in reversed(seq.pages):
+        for page in reversed(pages):
             ref[page] -= 1
             if not ref[page]:
                 if key[page] is None:

@@ -15,6 +15,18 @@ from tidejax.serving.testing import random_params
 from tidejax import models
 
 
+
+def scatter_into_pages(k_dense, v_dense, table, cached, num_pages, page_size):
+    """The first `cached[b]` keys and values of each row, written into its table's pages."""
+    batch, _, kv_heads, head_dim = k_dense.shape
+    k_pages = np.zeros((num_pages, page_size, kv_heads, head_dim), np.float32)
+    v_pages = np.zeros_like(k_pages)
+    for b in range(batch):
+        for pos in range(cached[b]):
+            k_pages[table[b, pos // page_size], pos % page_size] = k_dense[b, pos]
+            v_pages[table[b, pos // page_size], pos % page_size] = v_dense[b, pos]
+    return k_pages, v_pages
+
 def test_gather_kernel_matches_dense_causal_attention():
     rng = np.random.default_rng(0)
     batch, chunk, heads, kv_heads, head_dim, page_size, max_pages = 2, 3, 4, 2, 8, 4, 5
@@ -27,12 +39,7 @@ def test_gather_kernel_matches_dense_causal_attention():
     q = rng.normal(size=(batch, chunk, heads, head_dim)).astype(np.float32)
     # Scatter the cached part into shuffled pool pages.
     table = rng.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages)
-    k_pages = np.zeros((num_pages, page_size, kv_heads, head_dim), np.float32)
-    v_pages = np.zeros_like(k_pages)
-    for b in range(batch):
-        for pos in range(cached[b]):
-            k_pages[table[b, pos // page_size], pos % page_size] = k_dense[b, pos]
-            v_pages[table[b, pos // page_size], pos % page_size] = v_dense[b, pos]
+    k_pages, v_pages = scatter_into_pages(k_dense, v_dense, table, cached, num_pages, page_size)
     k_new = np.stack([k_dense[b, cached[b]:total[b]] for b in range(batch)])
     v_new = np.stack([v_dense[b, cached[b]:total[b]] for b in range(batch)])
     got = jax.jit(gather_kernel)(q, k_new, v_new, k_pages, v_pages, table, cached)
@@ -134,12 +141,7 @@ def test_span_bounded_gather_matches_dense_for_ragged_shared_and_edge_rows():
     # Row 4 shares row 2's first two pages (a prefix hit): same keys, same pool pages.
     k_dense[4, :8], v_dense[4, :8] = k_dense[2, :8], v_dense[2, :8]
     table[4, :2] = table[2, :2]
-    k_pages = np.zeros((num_pages, page_size, kv_heads, head_dim), np.float32)
-    v_pages = np.zeros_like(k_pages)
-    for b in range(batch):
-        for pos in range(cached[b]):
-            k_pages[table[b, pos // page_size], pos % page_size] = k_dense[b, pos]
-            v_pages[table[b, pos // page_size], pos % page_size] = v_dense[b, pos]
+    k_pages, v_pages = scatter_into_pages(k_dense, v_dense, table, cached, num_pages, page_size)
     q = rng.normal(size=(batch, 1, heads, head_dim)).astype(np.float32)
     k_new = np.stack([k_dense[b, cached[b]:total[b]] for b in range(batch)])
     v_new = np.stack([v_dense[b, cached[b]:total[b]] for b in range(batch)])
