@@ -78,6 +78,7 @@ from tidejax.envs.registry import make_env
 
 EnvFactory = Callable[[Task], TextEnv]
 FAULTS = ("exception", "timeout", "malformed_observation")
+CLOSE_WAIT_S = 10.0  # how long closing the pool waits for its envs' close calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +279,7 @@ class EnvPool:
         self.env_factory = env_factory or local_env_factory()
         self.latency = latency
         self._workers = _Workers(self.config.workers)
+        self._closing: list[_Job] = []  # env closes submitted to the workers
         self._slots = asyncio.Semaphore(self.config.capacity)
         episodes = self.config.max_open_episodes
         self._episode_slots = asyncio.Semaphore(episodes) if episodes is not None else None
@@ -417,9 +419,22 @@ class EnvPool:
         self._closed = True
         for envs in self._free_envs.values():
             for env in envs:
-                self._workers.submit(_quiet(env.close))
+                self._close_later(env)
         self._free_envs.clear()
+        # Wait (bounded: an env may hang in close) for the closes still queued or running,
+        # so an env the pool opened is closed by the time the pool is.
+        pending = [asyncio.wrap_future(job.future) for job in self._closing
+                   if not job.future.done()]
+        self._closing.clear()
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
         self._workers.shutdown()
+
+    def _close_later(self, env: TextEnv) -> None:
+        """Close an env on a worker (closing may be a request to a server): never waited
+        for here, but `aclose` waits for every one still pending."""
+        self._closing = [job for job in self._closing if not job.future.done()]
+        self._closing.append(self._workers.submit(_quiet(env.close)))
 
     async def __aenter__(self) -> Self:
         return self
@@ -494,7 +509,7 @@ class EnvPool:
         # An env left to a stuck thread is closed by that thread when its call returns.
         if env is not None and not rec.abandoned:
             # Closing may mean a request to a server: do it on a worker, don't wait.
-            self._workers.submit(_quiet(env.close))
+            self._close_later(env)
         rec.abandoned = False
 
     async def _open(self, rec: _TaskRecord) -> tuple[str | None, Any, float]:
@@ -523,12 +538,12 @@ class EnvPool:
                                                on_abandoned=close_late)
         except asyncio.CancelledError:
             if reused is not None and not holder:  # it never ran: close the idle env here
-                self._workers.submit(_quiet(reused.close))
+                self._close_later(reused)
             raise
         if err is None:
             rec.env = holder[0]
         elif holder and not rec.abandoned:
-            self._workers.submit(_quiet(holder[0].close))
+            self._close_later(holder[0])
         rec.abandoned = False
         return err, value, lat
 
