@@ -61,3 +61,33 @@ def test_the_run_demonstrations_follow_the_sft_table():
     assert demonstrations(run_config_from_dict(table | {"seed": 3})) == imperfect
     assert demonstrations(run_config_from_dict(
         table | {"sft": table["sft"] | {"seed": 3}})) != imperfect
+
+
+def test_trainer_log_probs_follow_the_rollout_temperature():
+    cfg = run_config_from_dict({"rollout": {"temperature": 0.7}})
+    assert cfg.trainer_rl().temperature == 0.7
+    assert cfg.rollout.evaluation_temperature == 0.7  # evaluation samples as training does
+    both = run_config_from_dict({"rollout": {"temperature": 0.7, "eval_temperature": 1.0}})
+    assert (both.trainer_rl().temperature, both.rollout.evaluation_temperature) == (0.7, 1.0)
+    # greedy rollouts report untempered log-probs
+    assert run_config_from_dict({"rollout": {"temperature": 0.0}}).trainer_rl().temperature == 1
+    with pytest.raises(ValueError, match="rl.temperature"):
+        run_config_from_dict({"rollout": {"temperature": 0.7}, "rl": {"temperature": 0.5}})
+    with pytest.raises(ValueError, match="RLConfig.temperature"):
+        run_config_from_dict({"rl": {"temperature": 0.0}})
+
+
+def test_learning_rate_schedule_spans_the_run_unless_given():
+    from tidejax.rl.state import lr_schedule
+
+    cfg = RunConfig()
+    assert cfg.rl.optim.total_steps is None  # the default job's schedule follows --steps
+    for steps in (12, 40):
+        optim = cfg.replace(steps=steps).trainer_rl().optim
+        assert optim.total_steps == steps
+        end = float(lr_schedule(optim)(steps))
+        assert end == pytest.approx(optim.lr * optim.end_lr_ratio)
+    fixed = run_config_from_dict({"steps": 40, "rl": {"optim": {"total_steps": 1000}}})
+    assert fixed.trainer_rl().optim.total_steps == 1000
+    with pytest.raises(ValueError, match="total_steps is None"):
+        lr_schedule(cfg.rl.optim)

@@ -113,7 +113,8 @@ class RunConfig:
     group_size: int = 8
     batch_groups: int = 4  # B_ideal, groups per update
     min_batch_groups: int = 2  # B_min (tide's elastic batch)
-    max_turns: int = 6
+    # 8 turns: search, product, up to 3 options, buy, and room for one invalid click
+    max_turns: int = 8
     eval_every: int = 6
     # The default job evaluates every goal it trains on (33 on its 50-product shop), 4
     # samples each, at v0, the middle and the end: enough episodes that a gain of a few
@@ -142,13 +143,22 @@ class RunConfig:
     # 256 pages x 16 tokens per rank: a few WebShop contexts, so KV memory is contended.
     engine: EngineConfig = EngineConfig(page_size=16, num_pages=256, max_slots=8,
                                         max_pages_per_seq=96, prefill_buckets=(256, 768))
-    rollout: RolloutConfig = RolloutConfig(max_new_tokens=24)
-    # Per-episode loss weights: a failed episode is longer, and token-mean would push the
-    # tokens it shares with successful ones down. lr 5e-4: on this shop and warm start
-    # 2e-3 wrecked the policy within 6 steps (eval reward 0.549 -> 0.197, measured), and
-    # 5e-4 kept it over 40 steps (the learning check's runs).
-    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.01, loss_agg="seq-mean-token-mean"),
-                            optim=OptimConfig(lr=5e-4, warmup_steps=2, total_steps=1000,
+    # Rollouts and evaluations sample at temperature 0.5 (the trainer's log-probs follow):
+    # at 1.0 the tiny warm start draws so many tail tokens (product ids not on the page,
+    # clicks that loop until the context cap) that a quarter of its episodes score 0 and
+    # GRPO's signal drowns in that noise (measured: eval reward 0.549 at T = 1, 0.759 at
+    # T = 0.5, episodes scoring 0 26% -> 1.5%). The choice RL has to learn, choosing the
+    # options or buying without them, is a near 50/50 split and stays one at T = 0.5.
+    rollout: RolloutConfig = RolloutConfig(max_new_tokens=24, temperature=0.5)
+    # token-mean: tokens that all members of a group share (the search, the product click)
+    # get gradients that cancel exactly across the group; per-episode means weigh them by
+    # 1 / episode length, so longer episodes (those that choose options) push them down.
+    # The schedule (total_steps None) decays to lr / 10 over the run, and the KL to the
+    # warm start holds what RL is not asked to change: at a constant lr and kl 0.01 the
+    # policy learned the options by v6 (eval 0.759 -> 0.954), then overshot, clicking
+    # options that were not there (0.862 at v12). lr 2e-3 wrecked the policy.
+    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.05, loss_agg="token-mean"),
+                            optim=OptimConfig(lr=5e-4, warmup_steps=2, total_steps=None,
                                               clip_norm=1.0))
     # The default job's warm start: 2 demonstrations per training goal, trained to imitate
     # them closely (tidejax/warm_starts/webshop-tiny ships it, built by
@@ -204,9 +214,21 @@ class RunConfig:
         if self.rollout.batch_groups != self.batch_groups:
             object.__setattr__(self, "rollout",
                                dataclasses.replace(self.rollout, batch_groups=self.batch_groups))
+        if self.rl.temperature != 1.0 and self.rl.temperature != self.trainer_rl().temperature:
+            raise ValueError(f"RunConfig.rl.temperature ({self.rl.temperature}) is set from "
+                             f"rollout.temperature ({self.rollout.temperature}): set that one")
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def trainer_rl(self) -> RLConfig:
+        """`rl` as this run's trainer uses it: log-probs at the rollout temperature (greedy
+        rollouts report them at T = 1), and with `rl.optim.total_steps` None a learning-rate
+        schedule that spans the run's steps."""
+        optim = self.rl.optim
+        if optim.total_steps is None:
+            optim = optim.replace(total_steps=max(self.steps, optim.warmup_steps + 1))
+        return self.rl.replace(temperature=self.rollout.temperature or 1.0, optim=optim)
 
     def expert_kwargs(self) -> dict[str, Any]:
         """The SFT demonstrator's keyword arguments (WebShop's imperfect share)."""

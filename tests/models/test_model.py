@@ -67,6 +67,21 @@ def test_chunked_logprobs_match_full_softmax():
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_tempered_logprobs_are_those_of_the_scaled_logits():
+    """The trainer's log-probs at the rollout temperature: log softmax(logits / T)."""
+    cfg, params = tiny_config(), tiny_params()
+    tokens = np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 9))
+    logits = models.forward(cfg, params, tokens)
+    for temperature in (0.5, 2.0):
+        full = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
+        want = np.zeros(tokens.shape, np.float32)
+        want[:, 1:] = np.take_along_axis(full[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+        got = models.token_logprobs(cfg, params, tokens, chunk=4, temperature=temperature)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    untempered = models.token_logprobs(cfg, params, tokens, chunk=4)
+    assert np.abs(np.asarray(got) - np.asarray(untempered))[:, 1:].min() > 0
+
+
 def test_logprob_grad_matches_full_softmax_grad():
     cfg, params = tiny_config(), tiny_params()
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 8))

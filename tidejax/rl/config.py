@@ -69,11 +69,13 @@ class OptimConfig:
 
     The learning rate rises from 0 to `lr` over `warmup_steps`, then follows a cosine to
     `lr * end_lr_ratio` at `total_steps`. Norms and biases are not weight-decayed.
+    `total_steps = None` is for a job to fill in: the job's `RunConfig` sets it to the run's
+    steps, so the schedule spans the run.
     """
 
     lr: float = 1e-6
     warmup_steps: int = 0
-    total_steps: int = 1000
+    total_steps: int | None = 1000
     end_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     clip_norm: float = 1.0
@@ -86,8 +88,10 @@ class OptimConfig:
         _check(self.lr > 0, name, "lr", self.lr, "> 0")
         _check(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, name,
                "warmup_steps", self.warmup_steps, "an int >= 0")
-        _check(isinstance(self.total_steps, int) and self.total_steps > self.warmup_steps, name,
-               "total_steps", self.total_steps, f"an int > warmup_steps ({self.warmup_steps})")
+        _check(self.total_steps is None or (isinstance(self.total_steps, int)
+                                            and self.total_steps > self.warmup_steps), name,
+               "total_steps", self.total_steps,
+               f"an int > warmup_steps ({self.warmup_steps}) or None (the run's steps)")
         _check(0 <= self.end_lr_ratio <= 1, name, "end_lr_ratio", self.end_lr_ratio, "in [0, 1]")
         _check(self.weight_decay >= 0, name, "weight_decay", self.weight_decay, ">= 0")
         _check(self.clip_norm > 0, name, "clip_norm", self.clip_norm, "> 0")
@@ -106,7 +110,9 @@ class RLConfig:
     `logprob_chunk` bounds the live `[B, chunk, V]` logits; `remat` recomputes each layer's
     activations in the backward pass (smaller residuals between actor forward and backward,
     about one extra forward of compute); None turns it on for models above
-    `tidejax.rl.trainer.REMAT_ABOVE_PARAMS`.
+    `tidejax.rl.trainer.REMAT_ABOVE_PARAMS`. `temperature` is the rollout sampler's: the
+    actor and reference log-probs are taken from `logits / temperature`, the distribution
+    the behaviour log-probs came from, so importance ratios and the KL compare like with like.
     """
 
     loss: LossConfig = LossConfig()
@@ -114,11 +120,13 @@ class RLConfig:
     optim: OptimConfig = OptimConfig()
     logprob_chunk: int = 128
     remat: bool | None = None
+    temperature: float = 1.0
 
     def __post_init__(self):
         name = type(self).__name__
         _check(isinstance(self.logprob_chunk, int) and self.logprob_chunk > 0, name,
                "logprob_chunk", self.logprob_chunk, "a positive int")
+        _check(self.temperature > 0, name, "temperature", self.temperature, "> 0")
         for field, cls in (("loss", LossConfig), ("advantage", AdvantageConfig),
                            ("optim", OptimConfig)):
             value = getattr(self, field)

@@ -46,13 +46,14 @@ Pullback = Any  # jax.vjp's pullback: a pytree of residual arrays, callable on d
 
 
 def actor_forward(model_config: ModelConfig, params: Params, batch: Batch, *,
-                  chunk: int = 128, remat: bool = False, activation_sharding=None
-                  ) -> tuple[jax.Array, Pullback]:
+                  chunk: int = 128, remat: bool = False, activation_sharding=None,
+                  temperature: float = 1.0) -> tuple[jax.Array, Pullback]:
     """Per-token log-probs `[B, T]` and the pullback that maps dL/dlogp to dL/dparams."""
     def logp_fn(p):
         return token_logprobs(model_config, p, batch.tokens, batch.positions, batch.segment_ids,
                               chunk=chunk, remat=remat,
-                              activation_sharding=activation_sharding)
+                              activation_sharding=activation_sharding,
+                              temperature=temperature)
 
     logp, pullback = jax.vjp(logp_fn, params)
     return logp, split_residuals(pullback, batch.tokens.shape[0], activation_sharding)

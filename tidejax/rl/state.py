@@ -37,6 +37,9 @@ class Accum:
 
 def lr_schedule(config: OptimConfig) -> optax.Schedule:
     """Linear warmup from 0 to `lr`, then cosine to `lr * end_lr_ratio` at `total_steps`."""
+    if config.total_steps is None:
+        raise ValueError("OptimConfig.total_steps is None: a RunConfig sets it to the run's "
+                         "steps; set it when building a trainer by hand")
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=config.lr, warmup_steps=config.warmup_steps,
         decay_steps=config.total_steps, end_value=config.lr * config.end_lr_ratio)

@@ -32,31 +32,34 @@ Params = dict[str, Any]
 
 
 def ref_logprobs(model_config: ModelConfig, ref_params: Params, batch: Batch, *,
-                 chunk: int = 128, activation_sharding=None) -> jax.Array:
+                 chunk: int = 128, activation_sharding=None, temperature: float = 1.0
+                 ) -> jax.Array:
     """Reference-model log-probs `[B, T]` (forward only; no gradient flows)."""
     return jax.lax.stop_gradient(token_logprobs(
         model_config, ref_params, batch.tokens, batch.positions, batch.segment_ids,
-        chunk=chunk, activation_sharding=activation_sharding))
+        chunk=chunk, activation_sharding=activation_sharding, temperature=temperature))
 
 
 def fused_rl_loss(params: Params, model_config: ModelConfig, batch: Batch, ref_logp_BT,
                   loss_config: LossConfig, denom=None, *, chunk: int = 128,
-                  remat: bool = False, activation_sharding=None
+                  remat: bool = False, activation_sharding=None, temperature: float = 1.0
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The ordinary formulation: log-probs and loss in one forward."""
     logp = token_logprobs(model_config, params, batch.tokens, batch.positions,
                           batch.segment_ids, chunk=chunk, remat=remat,
-                          activation_sharding=activation_sharding)
+                          activation_sharding=activation_sharding, temperature=temperature)
     return rl_loss(logp, ref_logp_BT, batch, loss_config, denom)
 
 
 def actor_grads(model_config: ModelConfig, params: Params, batch: Batch, ref_logp_BT,
                 loss_config: LossConfig, denom=None, *, chunk: int = 128, remat: bool = False,
-                activation_sharding=None) -> tuple[Params, dict[str, jax.Array]]:
+                activation_sharding=None, temperature: float = 1.0
+                ) -> tuple[Params, dict[str, jax.Array]]:
     """Fused actor gradients: `jax.grad` of `fused_rl_loss` (needs ref_logp up front)."""
     grad_fn = jax.grad(fused_rl_loss, has_aux=True)
     return grad_fn(params, model_config, batch, ref_logp_BT, loss_config, denom, chunk=chunk,
-                   remat=remat, activation_sharding=activation_sharding)
+                   remat=remat, activation_sharding=activation_sharding,
+                   temperature=temperature)
 
 
 def sft_grads(model_config: ModelConfig, params: Params, batch: Batch, denom=None, *,

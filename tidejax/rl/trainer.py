@@ -104,6 +104,7 @@ class Trainer:
         self.remat = resolve_remat(model_config, rl_config)
         kw = {"chunk": rl.logprob_chunk, "remat": self.remat,
               "activation_sharding": activations}
+        rl_kw = {**kw, "temperature": rl.temperature}  # SFT's log-probs stay at T = 1
         ps, ss, acs = self.param_shardings, self.state_shardings, self.accum_shardings
         bs = self.batch_sharding
         if jit:
@@ -112,7 +113,7 @@ class Trainer:
             compile_ = lambda f, **_: f
 
         def forward(params, batch):
-            logp, pullback = deferred.actor_forward(cfg, params, batch, **kw)
+            logp, pullback = deferred.actor_forward(cfg, params, batch, **rl_kw)
             return jax.lax.with_sharding_constraint(logp, bs), pullback
 
         def backward(pullback, logp, ref_logp, batch, denom, accum):
@@ -121,7 +122,7 @@ class Trainer:
 
         def fused(params, batch, ref_logp, denom, accum):
             return add_to_accum(accum, *steps.actor_grads(cfg, params, batch, ref_logp, loss,
-                                                          denom, **kw))
+                                                          denom, **rl_kw))
 
         def sft(params, batch, denom, accum):
             return add_to_accum(accum, *steps.sft_grads(cfg, params, batch, denom, **kw))
@@ -141,7 +142,8 @@ class Trainer:
         self._init_from = compile_(init_from, in_shardings=(repl, ps), out_shardings=ss)
         self._zero = compile_(zeros, out_shardings=acs)
         self._ref = compile_(functools.partial(steps.ref_logprobs, cfg, chunk=rl.logprob_chunk,
-                                               activation_sharding=activations),
+                                               activation_sharding=activations,
+                                               temperature=rl.temperature),
                              in_shardings=(ps, bs), out_shardings=bs)
         self._compute_copy = compile_(
             functools.partial(cast_floating, dtype=cfg.jnp_dtype), in_shardings=(ps,),

@@ -15,10 +15,12 @@ class RolloutConfig:
 
     scheduler: str = "ctb"  # "ctb" | "request"
     max_new_tokens: int = 32
+    # The sampling temperature of training rollouts; the trainer takes its log-probs at the
+    # same temperature (RunConfig sets rl.temperature from it).
     temperature: float = 1.0
-    # Evaluation samples at the training temperature by default: greedy decoding of a small
-    # policy loops on one action, which measures the decoder, not what RL optimised.
-    eval_temperature: float = 1.0
+    # Evaluation samples at the training temperature by default (None): greedy decoding of
+    # a small policy loops on one action, which measures the decoder, not what RL optimised.
+    eval_temperature: float | None = None
     env_capacity: int = 64  # tasks the env cluster runs at once
     # Episodes open at once in the env pool (None: no cap beyond env_capacity's calls in
     # flight); for envs costly to keep open, e.g. one JVM each.
@@ -36,6 +38,10 @@ class RolloutConfig:
     # (a policy that always scores the same must not stall the trainer).
     dynamic_sampling: bool = False
     dynamic_sampling_rounds: int = 4
+
+    @property
+    def evaluation_temperature(self) -> float:
+        return self.temperature if self.eval_temperature is None else self.eval_temperature
 
     def __post_init__(self):
         if self.scheduler not in ("ctb", "request"):
@@ -55,5 +61,5 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.budget_fraction must be in (0, 1], "
                              f"got {self.budget_fraction}")
         for name in ("temperature", "eval_temperature"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")

@@ -156,8 +156,8 @@ class Controller:
         self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=scheduler,
                                                   staleness_bound=bound)
         self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens)
-        self.runner = TrainerRunner(model_config, cfg.rl, cfg.row_len, cfg.micro_batch_tokens,
-                                    self.params_host, self.trace)
+        self.runner = TrainerRunner(model_config, cfg.trainer_rl(), cfg.row_len,
+                                    cfg.micro_batch_tokens, self.params_host, self.trace)
         self.meter = GoodputMeter()
         self._engines: dict[int, Any] = {}
         self.version = 0

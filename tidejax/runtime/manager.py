@@ -430,7 +430,7 @@ class RolloutManager:
     # ------------------------------------------------------------------ task loop
     def _sampling(self, rec: TaskRecord) -> SamplingParams:
         seed = sampling_seed(self._seed, _seed_key(rec), rec.episode.turns, rec.attempts)
-        temperature = (self.config.eval_temperature if rec.group.is_eval
+        temperature = (self.config.evaluation_temperature if rec.group.is_eval
                        else self.config.temperature)
         return SamplingParams(temperature=temperature, max_new_tokens=self.config.max_new_tokens,
                               stop_token_ids=self.tokenizer.eos_ids[:4], seed=seed)
