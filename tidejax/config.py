@@ -214,7 +214,8 @@ class RunConfig:
         if self.rollout.batch_groups != self.batch_groups:
             object.__setattr__(self, "rollout",
                                dataclasses.replace(self.rollout, batch_groups=self.batch_groups))
-        if self.rl.temperature != 1.0 and self.rl.temperature != self.trainer_rl().temperature:
+        sampled_at = self.trainer_rl().temperature
+        if self.rl.temperature not in (1.0, sampled_at):
             raise ValueError(f"RunConfig.rl.temperature ({self.rl.temperature}) is set from "
                              f"rollout.temperature ({self.rollout.temperature}): set that one")
 

@@ -220,7 +220,7 @@ def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
     if not partitions:  # show how far the largest dividing mesh beside a rollout rank misses
         dividing = [d for d in range(1, n) if not memory.undivided(jm.shape, d)]
         actor_sizes = [max(dividing)]
-    rl = cfg.rl
+    rl = cfg.trainer_rl()  # what the job's trainer is built with (schedule, temperature)
     errors, compiled = [], {}
 
     def record(role, size, step, peak: cm.Peak, predicted):

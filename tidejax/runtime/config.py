@@ -16,7 +16,7 @@ class RolloutConfig:
     scheduler: str = "ctb"  # "ctb" | "request"
     max_new_tokens: int = 32
     # The sampling temperature of training rollouts; the trainer takes its log-probs at the
-    # same temperature (RunConfig sets rl.temperature from it).
+    # same temperature (RunConfig.trainer_rl passes it on).
     temperature: float = 1.0
     # Evaluation samples at the training temperature by default (None): greedy decoding of
     # a small policy loops on one action, which measures the decoder, not what RL optimised.
