@@ -17,7 +17,7 @@ import tomllib
 import typing
 from typing import Any
 
-from tidejax.envs.protocol import SPLITS
+from tidejax.envs.protocol import SPLITS, read_task_rows
 from tidejax.envs.registry import env_settings, get_spec
 from tidejax.envs.webshop import WebShopConfig
 from tidejax.envs.webshop_catalogue import CatalogueConfig
@@ -140,6 +140,10 @@ class RunConfig:
     # The env's own settings (a free `[env]` table), checked at load by the env's config
     # dataclass when it declares one; for webshop they override `webshop` field by field.
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Dataset rows per split (`[task_data] train = "rows.jsonl"`): one task goal per JSONL
+    # line, a `Task.data` object (prompt `messages`, `metadata`) the env reads in reset.
+    # A split without a file takes its goals from the env's split_sizes.
+    task_data: dict[str, str] = dataclasses.field(default_factory=dict)
     # 256 pages x 16 tokens per rank: a few WebShop contexts, so KV memory is contended.
     engine: EngineConfig = EngineConfig(page_size=16, num_pages=256, max_slots=8,
                                         max_pages_per_seq=96, prefill_buckets=(256, 768))
@@ -209,6 +213,7 @@ class RunConfig:
             raise ValueError(f"RunConfig.micro_batch_tokens ({self.micro_batch_tokens}) must be "
                              f">= row_len ({self.row_len})")
         self._check_env()
+        self._check_task_data()
         if self.sft.skip_options and self.env_type != "webshop":
             raise ValueError(f"sft.skip_options is WebShop's; env_type is {self.env_type!r}")
         if self.rollout.batch_groups != self.batch_groups:
@@ -251,6 +256,21 @@ class RunConfig:
             env_settings(self.env_type, self.env_kwargs())
         except ValueError as e:  # the message names the field, e.g. env.catalogue.n_products
             raise ValueError(f"RunConfig.env: {e}") from None
+
+    def _check_task_data(self) -> None:
+        if not isinstance(self.task_data, dict):
+            raise ValueError("RunConfig.task_data must be a table of split = \"file.jsonl\"")
+        for split, path in self.task_data.items():
+            if split not in SPLITS:
+                raise ValueError(f"RunConfig.task_data.{split}: not a split; one of {SPLITS}")
+            try:
+                read_task_rows(path)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"RunConfig.task_data.{split}: {e}") from None
+
+    def task_rows(self) -> dict[str, list[dict[str, Any]]]:
+        """Each split's dataset rows, read from `task_data` (checked at load)."""
+        return {split: read_task_rows(path) for split, path in self.task_data.items()}
 
     def env_kwargs(self) -> dict[str, Any]:
         """make_env keyword arguments for this run's env type: the `[env]` table (for
@@ -301,7 +321,7 @@ def _as_dict(obj) -> dict:
     return out
 
 
-FREE_TABLES = ("env",)  # RunConfig tables whose keys RunConfig does not know
+FREE_TABLES = ("env", "task_data")  # RunConfig tables whose keys RunConfig does not know
 
 
 def _merge(base: dict, over: dict, path: str) -> dict:

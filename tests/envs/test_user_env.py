@@ -34,7 +34,7 @@ WORDS = ("apple", "river", "stone", "cloud", "maple", "amber", "orbit", "lemon")
 class EchoSettings:
     greeting: str = "Repeat the word you are shown."
     win_reward: float = 1.0
-    trace_path: str = ""  # when set, each reset appends "task_id seed greeting" to it
+    trace_path: str = ""  # when set, each reset appends "task_id seed word greeting" to it
 
     def __post_init__(self):
         if not self.win_reward > 0:
@@ -55,11 +55,14 @@ class EchoEnv:
 
     def reset(self, seed=None, options=None):
         task = options["task"]
-        self.word = WORDS[(task.goal_index + (seed or 0)) % len(WORDS)]
+        if task.data:  # a dataset row ([task_data]) names the word
+            self.word = task.data["metadata"]["word"]
+        else:
+            self.word = WORDS[(task.goal_index + (seed or 0)) % len(WORDS)]
         self.turn, self.max_turns = 0, task.max_turns
         if self.settings.trace_path:
             with open(self.settings.trace_path, "a") as f:
-                f.write(f"{task.task_id} {seed} {self.settings.greeting}\n")
+                f.write(f"{task.task_id} {seed} {self.word} {self.settings.greeting}\n")
         return f"{self.settings.greeting} The word is {self.word}.", {"seed": seed}
 
     def step(self, action):
@@ -149,10 +152,15 @@ def relative_run_dir():
 
 def test_job_cli_trains_on_a_user_env_named_in_the_config(tmp_path, relative_run_dir):
     trace = tmp_path / "resets.txt"
+    rows = tmp_path / "words.jsonl"  # the training goals come from a dataset
+    row_words = ("quartz", "willow", "harbor")
+    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "Echo."}],
+                                        "metadata": {"word": w}}) + "\n" for w in row_words))
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(f'env_type = "{ECHO}"\n'
                    f'tokenizer_vocab = 300\n'
                    f'[rollout]\nenv_max_open_episodes = 3\n'
+                   f'[task_data]\ntrain = "{rows}"\n'
                    f'[env]\ngreeting = "Echo, please."\ntrace_path = "{trace}"\n')
     cmd = [sys.executable, "-m", "tidejax.experiments.webshop", "--config", str(cfg), "--quick",
            "--devices", "4", "--out", relative_run_dir, "--no-progress"]
@@ -176,9 +184,10 @@ def test_job_cli_trains_on_a_user_env_named_in_the_config(tmp_path, relative_run
     assert os.path.exists(os.path.join(out, "tokenizer.json"))  # trained on the env's text
     assert not os.path.exists(os.path.join(out, "sft_params.npz"))  # no expert: no SFT
     assert "declares no expert: SFT warm start skipped" in proc.stderr
-    resets = [line.split(" ", 2) for line in trace.read_text().splitlines()]
-    assert resets and all(greeting == "Echo, please." for _, _, greeting in resets)
-    assert all(seed != "None" for _, seed, _ in resets)  # every reset got its seed
+    resets = [line.split(" ", 3) for line in trace.read_text().splitlines()]
+    assert resets and all(greeting == "Echo, please." for *_, greeting in resets)
+    assert all(seed != "None" for _, seed, _, _ in resets)  # every reset got its seed
+    assert {word for _, _, word, _ in resets} <= set(row_words)  # goals from the rows
 
 
 def test_job_cli_refuses_an_unknown_env_at_start(tmp_path):

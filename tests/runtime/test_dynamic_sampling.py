@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 
 from tests.runtime.test_manager import run_groups
-from tidejax.runtime.manager import EvalTally, reward_standard_error
+from tidejax.runtime.records import EvalTally, reward_standard_error
 
 
 def test_zero_variance_groups_are_filtered_within_the_budget_and_counted():

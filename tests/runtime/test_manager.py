@@ -14,6 +14,7 @@ from tidejax.runtime.buffer import GlobalBuffer
 from tidejax.runtime.config import RolloutConfig
 from tidejax.runtime.manager import RolloutManager
 from tidejax.runtime.rollout import RolloutWorker
+from tidejax.sched import request_level
 from tidejax.serving import EngineConfig, MockEngine
 
 GROUP = 2
@@ -152,3 +153,34 @@ def test_failed_rank_is_quarantined_and_every_task_still_trains(scheduler):
     trained = [tid for g in buffer.take(100, 0) for tid in g.payload.task_ids]
     assert sorted(trained) == sorted(t.task_id for t in tasks)  # none lost, none twice
     assert manager.counters["turns_reissued"] >= 1
+
+
+def test_request_level_routes_whole_groups_to_the_least_loaded_rank(monkeypatch):
+    """The runtime's baseline routes through sched.request_level.decide, as the simulator's
+    does: each group goes whole to one rank, ranks take turns by load, within the quota."""
+    starts = []
+    original = RolloutManager.start_next_task
+
+    def record(self, group, rank):
+        starts.append((group.uid, rank))
+        original(self, group, rank)
+
+    monkeypatch.setattr(RolloutManager, "start_next_task", record)
+    routed = []
+    decide = request_level.decide
+
+    def counting_decide(snap):
+        decisions = decide(snap)
+        routed.extend(decisions.route)
+        return decisions
+
+    monkeypatch.setattr(request_level, "decide", counting_decide)
+    manager, buffer, tasks, _ = asyncio.run(run_groups("request", n_groups=4, ranks=2))
+    assert sorted(uid for uid, _ in routed) == sorted({uid for uid, _ in starts})
+    by_group: dict[int, set[int]] = {}
+    for uid, rank in starts:
+        by_group.setdefault(uid, set()).add(rank)
+    assert len(by_group) == 4 and all(len(r) == 1 for r in by_group.values())
+    ranks = [next(iter(r)) for _, r in sorted(by_group.items())]
+    assert sorted(ranks) == [0, 0, 1, 1]
+    assert len(buffer.take(100, trainer_version=0)) == 4

@@ -24,7 +24,8 @@ from tidejax.runtime import controller as controller_module
 from tidejax.runtime import resume
 from tidejax.runtime.buffer import GlobalBuffer
 from tidejax.runtime.config import RolloutConfig
-from tidejax.runtime.manager import AllRanksFailed, RolloutManager, sampling_seed
+from tidejax.runtime.episode_loop import sampling_seed
+from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.rollout import RankFailed, RolloutWorker
 
 GROUP = 2
@@ -74,14 +75,14 @@ async def shutdown(manager, pool):
 def record_seeds(manager) -> dict:
     """{(task id, turn): sampling seed}, filled in as the manager samples turns."""
     seen = {}
-    sampling = manager._sampling
+    sampling = manager.episode_loop.sampling
 
     def record(rec):
         params = sampling(rec)
         seen[(rec.task.task_id, rec.episode.turns)] = params.seed
         return params
 
-    manager._sampling = record
+    manager.episode_loop.sampling = record
     return seen
 
 

@@ -189,7 +189,11 @@ class ParsedActionEnv:
             capped = self.max_turns is not None and self.turn >= self.max_turns
             return (f"Error ({e.kind}): {e.message}", 0.0, False, capped,
                     {"action_error": e.kind, "role": "tool"})
-        return self.env.step(parsed)
+        out = self.env.step(parsed)
+        if isinstance(parsed, ToolCall) and isinstance(out, tuple) and len(out) == 5 \
+                and isinstance(out[4], dict) and "role" not in out[4]:
+            out = (*out[:4], {**out[4], "role": "tool"})  # a tool's answer, unless it says
+        return out
 
     def close(self) -> None:
         self.env.close()

@@ -181,12 +181,14 @@ def env_texts(
     *,
     split: str = "train",
     env_kwargs: dict[str, Any] | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     """Text the env itself writes, for a tokenizer when there is no expert to imitate: its
-    action format and the first observations of up to `n` goals of `split`, seeded."""
+    action format and the first observations of up to `n` goals of `split`, seeded (with
+    `rows`, the split's dataset, each goal's prompt messages too)."""
     spec = get_spec(env_type)
     env = make_env(env_type, **(env_kwargs or {}))
-    size = spec.sizes(env_kwargs)[split]
+    size = len(rows) if rows is not None else spec.sizes(env_kwargs)[split]
     order = np.random.default_rng(seed).permutation(size)[:n]
     texts = [spec.action_format] if spec.action_format else []
     try:
@@ -194,7 +196,10 @@ def env_texts(
             name = f"text-{env_type}-{split}-{int(goal_index)}"
             task = Task(task_id=name, group_id=name, split=split,  # type: ignore[arg-type]
                         env_type=env_type, goal_index=int(goal_index),
-                        max_turns=spec.default_max_turns)
+                        max_turns=spec.default_max_turns,
+                        data=None if rows is None else rows[int(goal_index)])
+            if task.data:
+                texts += [m["content"] for m in task.data.get("messages", [])]
             obs, info = env.reset(seed=task.reset_seed, options={"task": task})
             texts.append(obs)
             texts += [str(a) for a in info.get("admissible_actions") or []]

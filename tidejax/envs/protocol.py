@@ -15,6 +15,7 @@ pool rebuild a broken env by replaying its actions.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import zlib
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -48,6 +49,10 @@ class Task:
     # Passed to every reset of this task, replays included (None: the pool derives one
     # from group_id, so a GRPO group's members start from the same state).
     seed: int | None = None
+    # A dataset row (JSON object) for envs whose tasks are more than a goal index:
+    # `messages` (chat messages that open the episode: an optional system message, then
+    # user / assistant context) and free-form `metadata` the env reads in `reset`.
+    data: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not self.task_id or not isinstance(self.task_id, str):
@@ -67,6 +72,8 @@ class Task:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or self.seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        if self.data is not None:
+            check_task_data(self.data)
 
     @property
     def reset_seed(self) -> int:
@@ -95,6 +102,56 @@ class Task:
             return cls(**d)
         except TypeError as e:  # e.g. an unhashable value where a str belongs
             raise ValueError(f"bad task: {e}") from None
+
+
+TASK_DATA_KEYS = ("messages", "metadata")
+PROMPT_ROLES = ("system", "user", "assistant")
+OBSERVATION_ROLES = ("user", "tool")
+
+
+def check_task_data(data: Any) -> None:
+    """A task's dataset row: a JSON object with optional `messages` (a list of
+    {"role", "content"} with roles in PROMPT_ROLES, a system message only first) and
+    `metadata` (an object). Raises ValueError naming what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError(f"task data must be an object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(TASK_DATA_KEYS))
+    if unknown:
+        raise ValueError(f"task data has unknown keys {unknown}; known: {TASK_DATA_KEYS}")
+    messages = data.get("messages", [])
+    if not isinstance(messages, list):
+        raise ValueError("task data 'messages' must be a list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if (not isinstance(m, dict) or set(m) != {"role", "content"}
+                or not isinstance(m["content"], str)):
+            raise ValueError(f"task data messages[{i}] must be an object with exactly a "
+                             f"'role' and a string 'content'")
+        if m["role"] not in PROMPT_ROLES:
+            raise ValueError(f"task data messages[{i}].role must be one of {PROMPT_ROLES}, "
+                             f"got {m['role']!r}")
+        if m["role"] == "system" and i:
+            raise ValueError(f"task data messages[{i}]: a system message may only come first")
+    if not isinstance(data.get("metadata", {}), dict):
+        raise ValueError("task data 'metadata' must be an object")
+
+
+def read_task_rows(path: str) -> list[dict[str, Any]]:
+    """A split's dataset rows from a JSONL file (one `Task.data` object per line, blank
+    lines skipped); a bad row raises ValueError naming the file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                check_task_data(row)
+            except ValueError as e:  # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{path} line {number}: {e}") from None
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    return rows
 
 
 @runtime_checkable
@@ -167,8 +224,7 @@ def validate_reset(out: Any, max_obs_chars: int) -> tuple[str, dict[str, Any]]:
         raise MalformedObservation(f"reset must return (obs, info), got {type(out).__name__}")
     obs, info = out
     _check_obs(obs, max_obs_chars)
-    if not isinstance(info, dict):
-        raise MalformedObservation(f"info must be a dict, got {type(info).__name__}")
+    _check_info(info)
     return obs, info
 
 
@@ -186,9 +242,16 @@ def validate_step(out: Any, max_obs_chars: int) -> tuple[str, float, bool, bool,
         raise MalformedObservation(f"reward must be finite, got {reward}")
     if not isinstance(terminated, bool) or not isinstance(truncated, bool):
         raise MalformedObservation("terminated and truncated must be bools")
+    _check_info(info)
+    return obs, float(reward), terminated, truncated, info
+
+
+def _check_info(info: Any) -> None:
     if not isinstance(info, dict):
         raise MalformedObservation(f"info must be a dict, got {type(info).__name__}")
-    return obs, float(reward), terminated, truncated, info
+    if info.get("role", "user") not in OBSERVATION_ROLES:
+        raise MalformedObservation(f"info['role'] must be one of {OBSERVATION_ROLES}, "
+                                   f"got {info['role']!r}")
 
 
 def _check_obs(obs: Any, max_obs_chars: int) -> None:

@@ -22,7 +22,7 @@ import importlib.metadata
 import re
 import threading
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,22 @@ import numpy as np
 from tidejax.envs.actions import ParsedActionEnv, Tool, get_action_parser
 from tidejax.envs.latency_spec import LatencySpec
 from tidejax.envs.protocol import SPLITS, Policy, Task, TextEnv
+
+
+RETURN_RULES = ("last", "sum", "max")
+
+
+def episode_return(rule: str, step_rewards: Sequence[float]) -> float:
+    """An episode's return from its per-step rewards (0 for an episode with none)."""
+    if not step_rewards:
+        return 0.0
+    if rule == "sum":
+        return float(sum(step_rewards))
+    if rule == "max":
+        return float(max(step_rewards))
+    if rule == "last":
+        return float(step_rewards[-1])
+    raise ValueError(f"return_rule must be one of {RETURN_RULES}, got {rule!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +66,16 @@ class EnvSpec:
     # The dataclass that validates the env's settings (the job's `[env]` table, the
     # server's --env-kwargs); None: settings go to the factory unchecked.
     config_class: type | None = None
+    # How per-step rewards make the episode's return (`RETURN_RULES`): "last" (the final
+    # step's reward; what WebShop, household and TextWorld-Express give), "sum" or "max".
+    return_rule: str = "last"
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name must be non-empty")
+        if self.return_rule not in RETURN_RULES:
+            raise ValueError(f"env type {self.name!r}: return_rule must be one of "
+                             f"{RETURN_RULES}, got {self.return_rule!r}")
         if self.default_max_turns < 1:
             raise ValueError(f"default_max_turns must be >= 1, got {self.default_max_turns}")
         for split in SPLITS:
@@ -166,6 +188,13 @@ def spec_from_class(name: str, cls: type) -> EnvSpec:
       they are listed in the system prompt and imply `action_parser = "tool_call"`
     - `action_parser`: "raw" (default), "bracket", "tool_call" or a registered name; the
       env's step then receives the parsed action (a `ToolCall` for tool calls)
+    - `return_rule`: how per-step rewards make the episode's return: "last" (default),
+      "sum" or "max" (`RETURN_RULES`)
+
+    Observations may say who speaks: `info["role"]` is "user" (default) or "tool" (the
+    result of a tool call; tool-call envs get "tool" unless they say otherwise). A task
+    may carry a dataset row (`Task.data`: prompt `messages`, `metadata`) that `reset`
+    reads from `options["task"]`.
     """
     for method in ("reset", "step"):
         if not callable(getattr(cls, method, None)):
@@ -199,6 +228,10 @@ def spec_from_class(name: str, cls: type) -> EnvSpec:
             return env
         return ParsedActionEnv(env, parser, tools)
 
+    return_rule = getattr(cls, "return_rule", "last")
+    if return_rule not in RETURN_RULES:
+        raise ValueError(f"env type {name!r}: return_rule must be one of {RETURN_RULES}, "
+                         f"got {return_rule!r}")
     max_turns = getattr(cls, "max_turns", 10)
     if not isinstance(max_turns, int) or isinstance(max_turns, bool):
         raise ValueError(f"env type {name!r}: max_turns must be an int, got {max_turns!r}")
@@ -206,7 +239,8 @@ def spec_from_class(name: str, cls: type) -> EnvSpec:
     return EnvSpec(name=name, factory=factory, default_max_turns=max_turns,
                    split_sizes=dict(sizes), latency=latency,
                    action_format=prompt,
-                   expert=getattr(cls, "expert", None), config_class=config_class)
+                   expert=getattr(cls, "expert", None), config_class=config_class,
+                   return_rule=return_rule)
 
 
 def build_env_config(config_class: type, settings: Mapping[str, Any], path: str = "env") -> Any:
@@ -277,14 +311,16 @@ def make_tasks(
     long_tail_fraction: float = 0.0,
     prefix: str | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Task]:
     """GRPO groups: `n_groups` distinct goals of `split`, each repeated `group_size` times.
 
     Goals are drawn without replacement while the split has enough of them. A group is
     of kind "long_tail" with probability `long_tail_fraction` (its env calls then draw
     from the heavier latency tail). Ids and each group's reset seed are stable for a given
-    seed. `env_kwargs` are
-    those the envs are built with (they may change how many goals a split has).
+    seed. `env_kwargs` are those the envs are built with (they may change how many goals a
+    split has). With `rows` (the split's dataset, `read_task_rows`) the split has one goal
+    per row and each task carries its row as `Task.data`.
     """
     spec = get_spec(env_type)
     if split not in SPLITS:
@@ -296,7 +332,9 @@ def make_tasks(
     if not 0.0 <= long_tail_fraction <= 1.0:
         raise ValueError(f"long_tail_fraction must be in [0, 1], got {long_tail_fraction}")
     turns = spec.default_max_turns if max_turns is None else max_turns
-    size = spec.sizes(env_kwargs)[split]
+    size = len(rows) if rows is not None else spec.sizes(env_kwargs)[split]
+    if size < 1:
+        raise ValueError(f"split {split!r} has no goals")
     rng = np.random.default_rng(seed)
     goals = rng.choice(size, size=n_groups, replace=n_groups > size)
     long_tail = rng.random(n_groups) < long_tail_fraction
@@ -317,6 +355,7 @@ def make_tasks(
                     max_turns=turns,
                     kind=kind,
                     seed=int(seeds[g]),  # one per group: its members start alike
+                    data=None if rows is None else dict(rows[int(goals[g])]),
                 )
             )
     return tasks

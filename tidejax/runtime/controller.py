@@ -54,7 +54,8 @@ from tidejax.rl.batch import loss_denominator
 from tidejax.rl.state import TrainState
 from tidejax.runtime import layout, resume
 from tidejax.runtime.buffer import GlobalBuffer
-from tidejax.runtime.manager import AllRanksFailed, GroupPayload, RolloutManager
+from tidejax.runtime.manager import AllRanksFailed, RolloutManager
+from tidejax.runtime.records import GroupPayload
 from tidejax.runtime.rollout import RolloutWorker
 from tidejax.runtime.stop import StopRequest
 from tidejax.runtime.trainer_runner import TrainerRunner
@@ -173,6 +174,7 @@ class Controller:
         self._since_move = 1 << 30  # boundaries since ERS last changed the partition
         self._move_s = 0.0  # measured seconds of the last partition change
         self._stale_in_step = 0  # groups dropped as stale during the current step
+        self.task_rows = cfg.task_rows()  # dataset rows per split ([task_data]), if any
 
     # ------------------------------------------------------------------ topology
     def initial_partition(self) -> ers.Partition:
@@ -249,7 +251,8 @@ class Controller:
         tasks = make_tasks(cfg.env_type, "train", n_groups, cfg.group_size,
                            seed=cfg.seed * 100_003 + self.data_cursor,
                            max_turns=cfg.max_turns, long_tail_fraction=cfg.long_tail_fraction,
-                           prefix=f"train{self.data_cursor}", env_kwargs=cfg.env_kwargs())
+                           prefix=f"train{self.data_cursor}", env_kwargs=cfg.env_kwargs(),
+                           rows=self.task_rows.get("train"))
         self.data_cursor += n_groups
         return tasks
 
@@ -264,7 +267,8 @@ class Controller:
         cfg = self.cfg
         tasks = make_tasks(cfg.env_type, cfg.eval_split, cfg.eval_groups, cfg.eval_samples,
                            seed=cfg.seed + 7, max_turns=cfg.max_turns,
-                           prefix=f"eval_v{self.version}", env_kwargs=cfg.env_kwargs())
+                           prefix=f"eval_v{self.version}", env_kwargs=cfg.env_kwargs(),
+                           rows=self.task_rows.get(cfg.eval_split))
         manager.add_groups(tasks, cfg.eval_samples, is_eval=True, eval_version=self.version)
 
     def _stopping(self) -> bool:

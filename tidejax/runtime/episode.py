@@ -9,6 +9,7 @@ history ever happens, so there is no tokenization drift across turns.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 from tidejax.models.tokenizer import Tokenizer
 
@@ -49,33 +50,47 @@ class EpisodeTokens:
         return len(self.tokens)
 
 
-def open_episode(tokenizer: Tokenizer, system: str, first_observation: str) -> EpisodeTokens:
-    """System turn, first observation as a user turn, then the assistant header."""
+def open_episode(tokenizer: Tokenizer, system: str, first_observation: str,
+                 messages: Sequence[Mapping[str, str]] = (), role: str = "user"
+                 ) -> EpisodeTokens:
+    """The prompt: a system turn (the task's own system message, else `system`), the
+    task's other prompt messages (a dataset row's, as context), the first observation as
+    a `role` turn (left out when empty and the messages already prompt), then the
+    assistant header."""
+    messages = list(messages)
+    if messages and messages[0]["role"] == "system":
+        system, messages = messages[0]["content"], messages[1:]
+    ids = tokenizer.turn("system", system)
+    for message in messages:
+        ids += tokenizer.turn(message["role"], message["content"])
+    if first_observation or not messages:
+        ids += tokenizer.turn(role, first_observation)
     ep = EpisodeTokens()
-    ep.extend_context(tokenizer.turn("system", system) + tokenizer.turn("user", first_observation)
-                      + tokenizer.turn_prefix("assistant"))
+    ep.extend_context(ids + tokenizer.turn_prefix("assistant"))
     return ep
 
 
 def close_action(tokenizer: Tokenizer, ep: EpisodeTokens, generated: list[int]) -> None:
-    """After a generated action: make sure the turn is closed with `<|im_end|>\\n`.
+    """After a generated action: close the turn as the chat template does (`<|im_end|>`,
+    then what follows it: `\\n` in ChatML).
 
     The sampled `<|im_end|>` (if any) is already in `generated`; when generation stopped
     on the token cap instead, the closing token is appended as context (mask 0).
     """
     if not generated or generated[-1] not in tokenizer.eos_ids:
         ep.extend_context([tokenizer.im_end_id])
-    ep.extend_context(tokenizer.encode("\n"))
+    ep.extend_context(tokenizer.turn_suffix("assistant")[1:])
 
 
-def observation_ids(tokenizer: Tokenizer, observation: str) -> list[int]:
-    """An observation turn plus the next assistant header."""
-    return tokenizer.turn("user", observation) + tokenizer.turn_prefix("assistant")
+def observation_ids(tokenizer: Tokenizer, observation: str, role: str = "user") -> list[int]:
+    """An observation turn (a "user" or a "tool" turn) plus the next assistant header."""
+    return tokenizer.turn(role, observation) + tokenizer.turn_prefix("assistant")
 
 
-def add_observation(tokenizer: Tokenizer, ep: EpisodeTokens, observation: str) -> list[int]:
+def add_observation(tokenizer: Tokenizer, ep: EpisodeTokens, observation: str,
+                    role: str = "user") -> list[int]:
     """Append an observation turn and the next assistant header; returns the new ids."""
-    ids = observation_ids(tokenizer, observation)
+    ids = observation_ids(tokenizer, observation, role)
     ep.extend_context(ids)
     return ids
 

@@ -50,7 +50,8 @@ def build_tokenizer(cfg: RunConfig, run_dir: str, demos) -> models.Tokenizer:
         for obs, action in episode.turns:
             texts += [obs, action]
     if not demos:  # no expert: the env's own text (first observations of training goals)
-        texts += env_texts(cfg.env_type, ENV_TEXT_GOALS, cfg.seed, env_kwargs=cfg.env_kwargs())
+        texts += env_texts(cfg.env_type, ENV_TEXT_GOALS, cfg.seed, env_kwargs=cfg.env_kwargs(),
+                           rows=cfg.task_rows().get("train"))
     tokenizer = models.train_bpe(texts, cfg.tokenizer_vocab,
                                  added_tokens=domain_tokens(cfg))
     tokenizer.save(path)

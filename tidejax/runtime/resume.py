@@ -30,7 +30,8 @@ import numpy as np
 from tidejax.envs import Task
 from tidejax.rl.batch import Trajectory
 from tidejax.runtime.buffer import DropRecord, GlobalBuffer, ReadyGroup
-from tidejax.runtime.manager import GroupPayload, RolloutManager
+from tidejax.runtime.manager import RolloutManager
+from tidejax.runtime.records import GroupPayload
 
 SNAPSHOT_VERSION = 1
 
