@@ -35,25 +35,37 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class TopologyConfig:
-    """Devices and the rollout/trainer split (ranks are single devices on CPU)."""
+    """Devices and the rollout/trainer split. A rank is `rollout_tensor` devices: one
+    rollout engine's tensor-parallel group, and the unit ERS moves between roles (so the
+    actor and reference meshes are whole multiples of it)."""
 
     devices: int = 8  # devices to use (a prefix of jax.devices())
     rollout_ranks: int = 4  # initial rollout ranks (fixed for async/stream)
     ref_ranks: int = 0  # initial dedicated reference ranks (decoupled RA2P)
     min_rollout: int = 1
-    min_actor: int = 1
+    min_actor: int = 1  # ranks
+    rollout_tensor: int = 1  # devices per rank (a 14B engine on 80 GB cards wants 2)
 
     def __post_init__(self):
         if self.devices < 2:
             raise ValueError(f"TopologyConfig.devices must be >= 2, got {self.devices}")
-        if not 1 <= self.rollout_ranks < self.devices:
-            raise ValueError(f"TopologyConfig.rollout_ranks must be in [1, devices), "
+        if self.rollout_tensor < 1 or self.devices % self.rollout_tensor:
+            raise ValueError(f"TopologyConfig.rollout_tensor must be >= 1 and divide devices "
+                             f"({self.devices}), got {self.rollout_tensor}")
+        if not 1 <= self.rollout_ranks < self.ranks:
+            raise ValueError(f"TopologyConfig.rollout_ranks must be in [1, {self.ranks}) "
+                             f"(ranks of {self.rollout_tensor} device(s)), "
                              f"got {self.rollout_ranks}")
-        if self.ref_ranks < 0 or self.rollout_ranks + self.ref_ranks >= self.devices:
-            raise ValueError(f"TopologyConfig.ref_ranks must leave >= 1 actor device, "
+        if self.ref_ranks < 0 or self.rollout_ranks + self.ref_ranks >= self.ranks:
+            raise ValueError(f"TopologyConfig.ref_ranks must leave >= 1 actor rank, "
                              f"got {self.ref_ranks}")
         if self.min_rollout < 1 or self.min_actor < 1:
             raise ValueError("TopologyConfig.min_rollout and min_actor must be >= 1")
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of `rollout_tensor` devices the devices make."""
+        return self.devices // self.rollout_tensor
 
 
 @dataclasses.dataclass(frozen=True)

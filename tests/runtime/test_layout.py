@@ -98,3 +98,24 @@ def test_the_shipped_7b_gpu_config_fits_the_model():
                            cfg.topology.devices - cfg.topology.rollout_ranks) in partitions
     # tide starts from the smallest admitted actor mesh; SFT fits on an admitted mesh too
     assert layout.initial_partition(cfg, jm, 8).actor == min(a for _, _, a in partitions)
+
+
+def test_ranks_of_two_devices_count_partitions_in_ranks():
+    """With `rollout_tensor = 2` ERS moves whole two-device ranks: the admitted actor sizes
+    are in ranks (a 7B actor of 4 devices is 2 ranks), and the rollout rank's heads must
+    divide its two devices."""
+    cfg = RunConfig(preset="qwen2.5-7b", model_vocab_size=None, device_memory_gib=80.0,
+                    row_len=1536, topology=TopologyConfig(devices=8, rollout_ranks=2,
+                                                          rollout_tensor=2))
+    jm = _jm(cfg)
+    assert jm.rollout_tensor == 2
+    bounds = layout.ers_config(cfg, jm, 8)
+    device_sizes = jm.actor_sizes(6)
+    assert bounds.actor_sizes == tuple(n // 2 for n in device_sizes if n % 2 == 0)
+    assert 2 in bounds.actor_sizes  # 4 devices
+    partition = layout.initial_partition(cfg, jm, 8)
+    assert partition.total == 4 and partition.actor in bounds.actor_sizes
+    with pytest.raises(ValueError, match="rollout_tensor must be >= 1 and divide devices"):
+        TopologyConfig(devices=8, rollout_tensor=3)
+    with pytest.raises(ValueError, match=r"rollout_ranks must be in \[1, 4\)"):
+        TopologyConfig(devices=8, rollout_ranks=4, rollout_tensor=2)

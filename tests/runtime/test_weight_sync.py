@@ -27,18 +27,18 @@ def device_bytes(device) -> int:
                if s.device == device)
 
 
-def make_controller():
+def make_controller(devices=DEVICES, **topology):
     cfg = run_config_from_dict({
         "system": "async", "steps": 1, "group_size": 2, "batch_groups": 1,
         "min_batch_groups": 1, "eval_every": 0, "checkpoint_every": 0,
         "model_vocab_size": None, "compute_dtype": "bfloat16",
-        "topology": {"devices": DEVICES, "rollout_ranks": 3},
+        "topology": {"devices": devices, "rollout_ranks": 3, **topology},
         "engine": {"page_size": 16, "num_pages": 128, "max_slots": 2, "max_pages_per_seq": 96,
                    "prefill_buckets": [256, 768]}})
     model_config = tiny_config(dtype="bfloat16")
     pool = EnvPool(PoolConfig(capacity=4), env_factory=local_env_factory())
     ctrl = controller_module.Controller(cfg, model_config, tiny_params(tiny_config()),
-                                        tiny_tokenizer(), pool, jax.devices()[:DEVICES])
+                                        tiny_tokenizer(), pool, jax.devices()[:devices])
     ctrl.runner.compiler_options = FAST_COMPILE
     return ctrl
 
@@ -101,3 +101,48 @@ def test_engine_casts_host_float32_weights_before_they_travel():
     engine.release()
     gc.collect()
     assert before > 0 and device_bytes(jax.devices()[5]) == 0
+
+
+def test_a_rollout_rank_of_two_devices_serves_tensor_parallel_and_moves_whole():
+    """`topology.rollout_tensor = 2`: a rank is two devices; its engine shards the weights
+    over both, a sync lands there device to device, and ERS moves whole ranks."""
+    ctrl = make_controller(devices=6, rollout_tensor=2, rollout_ranks=2)
+    cfg = ctrl.cfg
+    assert [[d.id for d in rank] for rank in ctrl.ranks] == [[0, 1], [2, 3], [4, 5]]
+    assert ctrl.initial_partition().total == 3  # partitions count ranks, not devices
+
+    async def scenario():
+        manager = RolloutManager(ctrl.rollout_config, {}, ctrl.pool, ctrl.tokenizer,
+                                 ctrl.buffer, cfg.env_type, cfg.rl.advantage, seed=0,
+                                 max_seq_len=cfg.row_len)
+        state = await ctrl._apply_partition(ers.Partition(rollout=2, actor=1), manager, None)
+        assert sorted(manager.workers) == [0, 2]
+        assert [d.id for d in ctrl.runner.actor_devices] == [4, 5]
+        state = ctrl.runner.actor.init_state(0, ctrl.params_host)
+        state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
+        ctrl.version = 1
+        jax.config.update("jax_transfer_guard_device_to_host", "disallow")
+        try:
+            await ctrl._sync_weights(manager, state)
+        finally:
+            jax.config.update("jax_transfer_guard_device_to_host", "allow")
+        want = jax.device_get(jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params))
+        for rank, worker in manager.workers.items():
+            rank_devices = {jax.devices()[rank], jax.devices()[rank + 1]}
+            split = 0
+            for got, expect in zip(jax.tree.leaves(worker.engine.params),
+                                   jax.tree.leaves(want)):
+                assert got.sharding.device_set == rank_devices
+                split += got.sharding.shard_shape(got.shape) != got.shape
+                np.testing.assert_array_equal(np.asarray(got), expect)
+            assert split > 0  # tensor parallel: weights are split, not copied whole
+            assert worker.engine._kv.k.sharding.device_set == rank_devices
+        # A move takes a whole rank: the actor grows by two devices.
+        state = await ctrl._apply_partition(ers.Partition(rollout=1, actor=2), manager, state)
+        assert sorted(manager.workers) == [0]
+        assert [d.id for d in ctrl.runner.actor_devices] == [2, 3, 4, 5]
+        await manager.aclose()
+        for worker in list(manager.workers.values()):
+            worker.stop()
+
+    asyncio.run(scenario())

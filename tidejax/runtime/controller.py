@@ -65,10 +65,17 @@ from tidejax.serving.engine import make_engine
 log = logging.getLogger(__name__)
 
 
-def assign_devices(partition: ers.Partition, devices: list) -> tuple[list, list, list]:
-    """Contiguous roles: rollout first, then reference, then actor (moves touch one edge)."""
+def device_ranks(devices: list, rank_size: int) -> list[list]:
+    """Consecutive groups of `rank_size` devices: the ranks roles are made of."""
+    return [devices[i:i + rank_size] for i in range(0, len(devices), rank_size)]
+
+
+def assign_devices(partition: ers.Partition, ranks: list[list]) -> tuple[list, list, list]:
+    """Contiguous roles over ranks: rollout first, then reference, then actor (moves touch
+    one edge). Returns (rollout ranks, reference devices, actor devices)."""
     r, f = partition.rollout, partition.ref
-    return devices[:r], devices[r:r + f], devices[r + f:]
+    return ranks[:r], [d for rank in ranks[r:r + f] for d in rank], \
+        [d for rank in ranks[r + f:] for d in rank]
 
 
 def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
@@ -141,6 +148,8 @@ class Controller:
         if len(self.devices) < cfg.topology.devices:
             raise ValueError(f"topology.devices={cfg.topology.devices} but only "
                              f"{len(self.devices)} devices are visible")
+        self.rank_size = cfg.topology.rollout_tensor
+        self.ranks = device_ranks(self.devices, self.rank_size)  # ERS's move units
         self.writer = writer
         self.trace = trace or TraceRecorder()
         self.checkpoint = checkpoint
@@ -183,12 +192,12 @@ class Controller:
 
     def _roles(self, partition: ers.Partition):
         if self.system == "sync":
-            # Phases share the devices: every device rolls out; training uses the same number
+            # Phases share the devices: every rank rolls out; training uses the same number
             # of devices as the asynchronous trainers, so no system gets a bigger trainer
             # (on fake CPU devices a wider FSDP mesh only adds collectives).
-            n_train = len(self.devices) - self.cfg.topology.rollout_ranks
-            return self.devices, [], self.devices[-n_train:]
-        return assign_devices(partition, self.devices)
+            n_train = len(self.devices) - self.cfg.topology.rollout_ranks * self.rank_size
+            return self.ranks, [], self.devices[-n_train:]
+        return assign_devices(partition, self.ranks)
 
     def _rollout_source(self, manager: RolloutManager, state: TrainState | None
                         ) -> tuple[Any, int]:
@@ -202,19 +211,22 @@ class Controller:
             return self.runner.actor.compute_copy(state.params), self.version
         return self.first_rollout_weights, self.version
 
-    def _worker(self, device, weights, version: int) -> RolloutWorker:
+    def _worker(self, rank_devices: list, weights, version: int) -> RolloutWorker:
         # A fresh engine per opening: the closed one freed its memory, and its compiled
-        # steps are cached per device, so nothing recompiles.
-        engine = self._engines[device.id] = make_engine(self.model_config, weights, [device],
-                                                        self.cfg.engine)
-        return RolloutWorker(device.id, engine, pin_after_turn=self.system == "tide",
-                             version=version, trace=self.trace, track=f"cpu:{device.id}")
+        # steps are cached per device, so nothing recompiles. A rank is named by its first
+        # device and runs its engine tensor-parallel over all of its devices.
+        rank = rank_devices[0].id
+        engine = self._engines[rank] = make_engine(self.model_config, weights, rank_devices,
+                                                   self.cfg.engine)
+        track = "dev:" + ",".join(str(d.id) for d in rank_devices)
+        return RolloutWorker(rank, engine, pin_after_turn=self.system == "tide",
+                             version=version, trace=self.trace, track=track)
 
     async def _apply_partition(self, partition: ers.Partition, manager: RolloutManager,
                                state: TrainState | None) -> TrainState | None:
         rollout, ref, actor = self._roles(partition)
-        rollout = [d for d in rollout if d.id not in manager.quarantined]
-        want = {d.id for d in rollout}
+        rollout = [rank for rank in rollout if rank[0].id not in manager.quarantined]
+        want = {rank[0].id for rank in rollout}
         source = self._rollout_source(manager, state)  # taken before any rank closes
         for rank in [r for r in manager.workers if r not in want]:
             manager.close_rank(rank)
@@ -225,9 +237,9 @@ class Controller:
             engine = self._engines.pop(rank, None)  # its devices may train next
             if engine is not None:
                 engine.release()
-        for device in rollout:
-            if device.id not in manager.workers:
-                manager.open_rank(device.id, self._worker(device, *source))
+        for rank_devices in rollout:
+            if rank_devices[0].id not in manager.workers:
+                manager.open_rank(rank_devices[0].id, self._worker(rank_devices, *source))
         if not manager.workers:
             manager.failure = manager.failure or AllRanksFailed(
                 f"no rollout rank left to serve (quarantined: {sorted(manager.quarantined)})")
@@ -432,8 +444,9 @@ class Controller:
                 record = StepRecord(
                     step=step + 1, version=self.version, mode=timings["mode"],
                     partition=(partition.rollout, partition.ref, partition.actor)
-                    if self.system != "sync" else (len(self.devices), 0,
-                                                   len(self._roles(partition)[2])),
+                    if self.system != "sync" else (len(self.ranks), 0,
+                                                   len(self._roles(partition)[2])
+                                                   // self.rank_size),
                     batch_groups=len(groups), filtered_groups=filtered,
                     consumed_tokens=consumed,
                     train_reward=float(np.mean([t.reward for t in trajectories]))

@@ -4,6 +4,9 @@ One place turns a `RunConfig` and a model into the memory model's `JobMemory`, f
 per-device capacity (the config's `memory_fraction` of what the device reports, or of
 `device_memory_gib`), and refuses a layout at start with the config field to change. ERS
 and the SFT warm start take their allowed mesh sizes from the same answer.
+
+Partitions count ranks of `topology.rollout_tensor` devices (ERS's move unit); the memory
+model is asked in devices.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def job_memory(cfg: RunConfig, model_config: ModelConfig, capacity: float
     return memory.JobMemory(
         shape=memory.ModelShape.of(model_config), micro_batch_tokens=cfg.micro_batch_tokens,
         row_len=cfg.row_len, remat=resolve_remat(model_config, cfg.rl),
-        engine=memory.EngineShape.of(cfg.engine), capacity_bytes=capacity)
+        engine=memory.EngineShape.of(cfg.engine), capacity_bytes=capacity,
+        rollout_tensor=cfg.topology.rollout_tensor)
 
 
 def check_layout(jm: memory.JobMemory, rollout_ranks: int, ref_devices: int,
@@ -72,28 +76,37 @@ def check_shared(jm: memory.JobMemory, actor_devices: int, source: str) -> None:
 
 
 def ers_config(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.ErsConfig:
-    """ERS's bounds: the batch range, the rank floors and the mesh sizes the model admits."""
+    """ERS's bounds: the batch range, the rank floors and the mesh sizes (in ranks) the
+    model admits."""
+    t = cfg.topology
+    k = t.rollout_tensor
+
+    def in_ranks(device_sizes: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(n // k for n in device_sizes if n % k == 0)
+
+    ranks = devices // k
     return ers.ErsConfig(b_min=cfg.min_batch_groups, b_ideal=cfg.batch_groups,
-                         min_rollout=cfg.topology.min_rollout,
-                         min_actor=cfg.topology.min_actor,
-                         actor_sizes=jm.actor_sizes(devices - cfg.topology.min_rollout),
-                         ref_sizes=jm.ref_sizes(devices - cfg.topology.min_rollout - 1))
+                         min_rollout=t.min_rollout, min_actor=t.min_actor,
+                         actor_sizes=in_ranks(jm.actor_sizes((ranks - t.min_rollout) * k)),
+                         ref_sizes=in_ranks(jm.ref_sizes((ranks - t.min_rollout - 1) * k)))
 
 
 def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.Partition:
-    """The run's first partition; a LayoutError naming the config field if it cannot run."""
+    """The run's first partition (in ranks); a LayoutError naming the config field if it
+    cannot run."""
     t = cfg.topology
+    k, ranks = t.rollout_tensor, devices // t.rollout_tensor
     if cfg.system == "sync":
         # Phases share every device: engines stay up while the trainer runs beside them.
-        check_shared(jm, devices - t.rollout_ranks, "topology.rollout_ranks")
-        return ers.Partition(rollout=devices, actor=devices)
+        check_shared(jm, devices - t.rollout_ranks * k, "topology.rollout_ranks")
+        return ers.Partition(rollout=ranks, actor=ranks)
     if cfg.system == "tide":
         bounds = ers_config(cfg, jm, devices)
         if not bounds.actor_sizes:  # no actor mesh ERS could choose: say why the largest fails
-            check_layout(jm, t.min_rollout, 0, devices - t.min_rollout,
+            check_layout(jm, t.min_rollout, 0, devices - t.min_rollout * k,
                          f"{devices} devices (topology.devices)")
-        partition = ers.initial(devices, bounds)  # preemptive generation at cold start
-        check_layout(jm, partition.rollout, 0, partition.actor, "topology.min_actor")
+        partition = ers.initial(ranks, bounds)  # preemptive generation at cold start
+        check_layout(jm, partition.rollout, 0, partition.actor * k, "topology.min_actor")
         return partition
-    check_layout(jm, t.rollout_ranks, 0, devices - t.rollout_ranks, "topology.rollout_ranks")
-    return ers.Partition(rollout=t.rollout_ranks, actor=devices - t.rollout_ranks)
+    check_layout(jm, t.rollout_ranks, 0, devices - t.rollout_ranks * k, "topology.rollout_ranks")
+    return ers.Partition(rollout=t.rollout_ranks, actor=ranks - t.rollout_ranks)
