@@ -1,21 +1,15 @@
 """Tasks that carry a dataset row, observations with a role, per-step rewards with a
 declared return rule: through make_tasks, the config's `[task_data]` and the manager."""
 
-import asyncio
 import json
 
 import pytest
 
+from tests.runtime.mock_rollout import run_on_one_mock_rank
 from tidejax.config import run_config_from_dict
-from tidejax.envs import EnvPool, PoolConfig, Task, make_tasks
+from tidejax.envs import Task, make_tasks
 from tidejax.envs.protocol import MalformedObservation, read_task_rows, validate_step
 from tidejax.envs.registry import episode_return, get_spec
-from tidejax.models.testing import tiny_tokenizer
-from tidejax.runtime.buffer import GlobalBuffer
-from tidejax.runtime.config import RolloutConfig
-from tidejax.runtime.manager import RolloutManager
-from tidejax.runtime.rollout import RolloutWorker
-from tidejax.serving import EngineConfig, MockEngine
 
 ROWS = [{"messages": [{"role": "system", "content": "You grade answers."},
                       {"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
@@ -117,26 +111,9 @@ def test_return_rules_and_roles_are_checked():
 
 
 def run_manager(env_name: str):
-    tok = tiny_tokenizer()
     tasks = make_tasks(env_name, "train", 2, 2, seed=0, rows=ROWS)
-
-    async def run():
-        pool = EnvPool(PoolConfig(capacity=8, max_retries=0))
-        engine_cfg = EngineConfig(page_size=16, num_pages=256, max_slots=4, max_pages_per_seq=32,
-                                  prefill_buckets=(256,))
-        workers = {0: RolloutWorker(0, MockEngine(engine_cfg, vocab_size=tok.vocab_size),
-                                    pin_after_turn=True)}
-        buffer = GlobalBuffer(staleness_bound=8, micro_batch_tokens=4096)
-        cfg = RolloutConfig(max_new_tokens=4, batch_groups=2, staleness_bound=8)
-        manager = RolloutManager(cfg, workers, pool, tok, buffer, env_name, max_seq_len=512)
-        manager.add_groups(tasks, 2)
-        await asyncio.wait_for(manager.wait_idle(), timeout=120)
-        for w in workers.values():
-            w.stop()
-        await pool.aclose()
-        return buffer.take(10, trainer_version=0)
-
-    return tasks, asyncio.run(run()), tok
+    _, buffer, _, tok = run_on_one_mock_rank(env_name, tasks, 2)
+    return tasks, buffer.take(10, trainer_version=0), tok
 
 
 @pytest.mark.parametrize("env, expected", [("StepRewardEnv", 0.25), ("SummedEnv", 1.75),

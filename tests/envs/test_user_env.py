@@ -317,36 +317,13 @@ def test_pool_verifies_a_replay_against_what_was_seen(cls):
 
 
 def test_a_diverging_replay_restarts_the_task_nothing_lost_or_duplicated():
-    from tidejax.models.testing import tiny_tokenizer
-    from tidejax.runtime.buffer import GlobalBuffer
-    from tidejax.runtime.config import RolloutConfig
-    from tidejax.runtime.manager import RolloutManager
-    from tidejax.runtime.rollout import RolloutWorker
-    from tidejax.serving import EngineConfig, MockEngine
+    from tests.runtime.mock_rollout import run_on_one_mock_rank
 
     name = f"{__name__}:DriftingEnv"
     tasks = make_tasks(name, "train", 2, 2, seed=0, max_turns=3)
     FAIL_FIRST_STEP.add(tasks[1].task_id)
-
-    async def run():
-        tok = tiny_tokenizer()
-        pool = EnvPool(PoolConfig(capacity=8, max_retries=1))
-        engine_cfg = EngineConfig(page_size=16, num_pages=256, max_slots=4, max_pages_per_seq=32,
-                                  prefill_buckets=(256,))
-        workers = {0: RolloutWorker(0, MockEngine(engine_cfg, vocab_size=tok.vocab_size),
-                                    pin_after_turn=True)}
-        buffer = GlobalBuffer(staleness_bound=8, micro_batch_tokens=4096)
-        cfg = RolloutConfig(max_new_tokens=4, batch_groups=2, staleness_bound=8,
-                            max_task_attempts=2, retry_backoff_s=0.001)
-        manager = RolloutManager(cfg, workers, pool, tok, buffer, name, max_seq_len=512)
-        manager.add_groups(tasks, 2)
-        await asyncio.wait_for(manager.wait_idle(), timeout=120)
-        for w in workers.values():
-            w.stop()
-        await pool.aclose()
-        return manager, buffer, pool.stats, tok
-
-    manager, buffer, stats, tok = asyncio.run(run())
+    manager, buffer, stats, tok = run_on_one_mock_rank(
+        name, tasks, 2, env_retries=1, max_task_attempts=2, retry_backoff_s=0.001)
     assert stats.replay_diverged == 1  # detected
     assert manager.counters["task_retries"] == 1  # restarted from scratch, counted
     assert manager.dropped_tasks == [] and not buffer.dropped

@@ -43,26 +43,34 @@ def make_controller(devices=DEVICES, **topology):
     return ctrl
 
 
+def new_manager(ctrl):
+    cfg = ctrl.cfg
+    return RolloutManager(ctrl.rollout_config, {}, ctrl.pool, ctrl.tokenizer, ctrl.buffer,
+                          cfg.env_type, cfg.rl.advantage, seed=0, max_seq_len=cfg.row_len)
+
+
+async def sync_a_new_policy(ctrl, manager):
+    """Train-free version 1 (the warm start + 0.5) pushed to the ranks with every
+    device-to-host transfer forbidden; returns it and its bf16 cast, on the host."""
+    state = ctrl.runner.actor.init_state(0, ctrl.params_host)
+    state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
+    ctrl.version = 1
+    jax.config.update("jax_transfer_guard_device_to_host", "disallow")
+    try:
+        await ctrl._sync_weights(manager, state)
+    finally:
+        jax.config.update("jax_transfer_guard_device_to_host", "allow")
+    return state, jax.device_get(jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params))
+
+
 def test_sync_moves_bf16_weights_device_to_device_and_closing_a_rank_frees_it():
     ctrl = make_controller()
-    cfg = ctrl.cfg
 
     async def scenario():
-        manager = RolloutManager(ctrl.rollout_config, {}, ctrl.pool, ctrl.tokenizer,
-                                 ctrl.buffer, cfg.env_type, cfg.rl.advantage, seed=0,
-                                 max_seq_len=cfg.row_len)
+        manager = new_manager(ctrl)
         three = ers.Partition(rollout=3, actor=1)
         state = await ctrl._apply_partition(three, manager, None)
-        state = ctrl.runner.actor.init_state(0, ctrl.params_host)
-        state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
-        ctrl.version = 1
-        # No device-to-host transfer may happen while the new policy reaches the ranks.
-        jax.config.update("jax_transfer_guard_device_to_host", "disallow")
-        try:
-            await ctrl._sync_weights(manager, state)
-        finally:
-            jax.config.update("jax_transfer_guard_device_to_host", "allow")
-        want = jax.device_get(jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params))
+        state, want = await sync_a_new_policy(ctrl, manager)
         for rank, worker in manager.workers.items():
             assert worker.version == 1
             for got, expect in zip(jax.tree.leaves(worker.engine.params),
@@ -107,26 +115,15 @@ def test_a_rollout_rank_of_two_devices_serves_tensor_parallel_and_moves_whole():
     """`topology.rollout_tensor = 2`: a rank is two devices; its engine shards the weights
     over both, a sync lands there device to device, and ERS moves whole ranks."""
     ctrl = make_controller(devices=6, rollout_tensor=2, rollout_ranks=2)
-    cfg = ctrl.cfg
     assert [[d.id for d in rank] for rank in ctrl.ranks] == [[0, 1], [2, 3], [4, 5]]
     assert ctrl.initial_partition().total == 3  # partitions count ranks, not devices
 
     async def scenario():
-        manager = RolloutManager(ctrl.rollout_config, {}, ctrl.pool, ctrl.tokenizer,
-                                 ctrl.buffer, cfg.env_type, cfg.rl.advantage, seed=0,
-                                 max_seq_len=cfg.row_len)
+        manager = new_manager(ctrl)
         state = await ctrl._apply_partition(ers.Partition(rollout=2, actor=1), manager, None)
         assert sorted(manager.workers) == [0, 2]
         assert [d.id for d in ctrl.runner.actor_devices] == [4, 5]
-        state = ctrl.runner.actor.init_state(0, ctrl.params_host)
-        state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
-        ctrl.version = 1
-        jax.config.update("jax_transfer_guard_device_to_host", "disallow")
-        try:
-            await ctrl._sync_weights(manager, state)
-        finally:
-            jax.config.update("jax_transfer_guard_device_to_host", "allow")
-        want = jax.device_get(jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params))
+        state, want = await sync_a_new_policy(ctrl, manager)
         for rank, worker in manager.workers.items():
             rank_devices = {jax.devices()[rank], jax.devices()[rank + 1]}
             split = 0
