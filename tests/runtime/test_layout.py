@@ -119,3 +119,22 @@ def test_ranks_of_two_devices_count_partitions_in_ranks():
         TopologyConfig(devices=8, rollout_tensor=3)
     with pytest.raises(ValueError, match=r"rollout_ranks must be in \[1, 4\)"):
         TopologyConfig(devices=8, rollout_ranks=4, rollout_tensor=2)
+
+
+def test_the_shipped_14b_config_is_refused_naming_the_actor_that_misses():
+    """14B does not fit 8 x 80 GB yet: the job refuses its config at start with the bytes of
+    the largest actor mesh that divides the model, while its two-device rollout ranks fit."""
+    from tidejax.bench.memory import gpu_config
+    from tidejax.models.config import get_preset as preset
+
+    cfg = gpu_config("qwen2.5-14b")
+    assert cfg.topology.rollout_tensor == 2
+    jm = layout.job_memory(cfg, preset("qwen2.5-14b"),
+                           cfg.memory_fraction * cfg.device_memory_gib * memory.GIB)
+    assert jm.rollout_fits()
+    assert cfg.engine.num_pages <= memory.max_pages(jm.shape, 2, jm.engine, jm.capacity_bytes)
+    assert jm.partitions(cfg.topology.devices) == []
+    with pytest.raises(layout.LayoutError, match=r"2 rollout rank\(s\), 0 reference and 4 "
+                                                 r"actor device\(s\) cannot run: actor on 4 "
+                                                 r"device\(s\) needs [\d.]+ GiB"):
+        layout.initial_partition(cfg, jm, 8)

@@ -4,7 +4,7 @@ on 8 fake devices, beside the memory model's prediction (`tidejax.sched.memory`)
     python -m tidejax.bench.memory                 # qwen2.5-7b and qwen2.5-14b, 8 x 80 GB
     python -m tidejax.bench.memory --calibrate     # refit the model's coefficients
 
-For each preset it reads the shipped GPU configuration (`experiments/configs/`), asks the
+For each preset it reads its shipped GPU configuration (`experiments/configs/`), asks the
 memory model which partitions the job may choose (ERS and the start-up check use the same
 answer), compiles each distinct role those partitions need - the actor mesh's SFT, fused,
 deferred forward and backward, colocated reference and optimizer steps, a decoupled
@@ -45,7 +45,8 @@ from tidejax.serving.config import EngineConfig  # noqa: E402
 GIB = memory.GIB
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "experiments", "configs")
-GPU_CONFIG = "gpu_qwen2.5-7b_8x80gb.toml"  # 14B is checked with the same job settings
+GPU_CONFIGS = {"qwen2.5-7b": "gpu_qwen2.5-7b_8x80gb.toml",
+               "qwen2.5-14b": "gpu_qwen2.5-14b_8x80gb.toml"}
 
 # (preset, layers, trainer devices, remat, micro_batch_tokens, row_len): the shapes the
 # coefficients are fitted on; engine shapes: (preset, layers, tensor, pages, slots,
@@ -205,7 +206,9 @@ def calibrate(cache_path: str | None = None) -> dict[str, dict[str, dict[str, fl
 
 # ---------------------------------------------------------------------------- the check
 def gpu_config(preset: str) -> RunConfig:
-    return load_run_config(os.path.join(CONFIG_DIR, GPU_CONFIG)).replace(preset=preset)
+    """The preset's shipped GPU configuration (another preset: the 7B one's settings)."""
+    name = GPU_CONFIGS.get(preset, GPU_CONFIGS["qwen2.5-7b"])
+    return load_run_config(os.path.join(CONFIG_DIR, name)).replace(preset=preset)
 
 
 def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
@@ -218,7 +221,8 @@ def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
     actor_sizes = sorted({a for _, _, a in partitions})
     ref_sizes = sorted({f for _, f, _ in partitions if f})
     if not partitions:  # show how far the largest dividing mesh beside a rollout rank misses
-        dividing = [d for d in range(1, n) if not memory.undivided(jm.shape, d)]
+        k = jm.rollout_tensor  # actor meshes are whole ranks
+        dividing = [d for d in range(k, n - k + 1, k) if not memory.undivided(jm.shape, d)]
         actor_sizes = [max(dividing)]
     rl = cfg.trainer_rl()  # what the job's trainer is built with (schedule, temperature)
     errors, compiled = [], {}

@@ -102,8 +102,11 @@ def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers
         return ers.Partition(rollout=ranks, actor=ranks)
     if cfg.system == "tide":
         bounds = ers_config(cfg, jm, devices)
-        if not bounds.actor_sizes:  # no actor mesh ERS could choose: say why the largest fails
-            check_layout(jm, t.min_rollout, 0, devices - t.min_rollout * k,
+        if not bounds.actor_sizes:  # no actor mesh ERS could choose: say why the largest
+            # one that divides the model fails (or, if none divides, the largest)
+            sizes = range((ranks - t.min_rollout) * k, 0, -k)
+            actor = next((n for n in sizes if not memory.undivided(jm.shape, n)), sizes[0])
+            check_layout(jm, ranks - actor // k, 0, actor,
                          f"{devices} devices (topology.devices)")
         partition = ers.initial(ranks, bounds)  # preemptive generation at cold start
         check_layout(jm, partition.rollout, 0, partition.actor * k, "topology.min_actor")
