@@ -23,3 +23,8 @@ timeout 600 python3 -m tidejax.bench.engine --preset qwen2.5-0.5b --slots 64 --s
 # Training: fused vs deferred-KL step, Qwen2.5-0.5B shapes.
 timeout 200 python3 -m tidejax.bench.train --preset qwen2.5-0.5b --batch 8 --length 1024 \
     --rounds 5 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/train_0.5b.txt"
+# The whole job for two steps on this one GPU at Qwen2.5-0.5B shapes (random weights, bf16):
+# sync, since one device means rollout and training take turns on it.
+timeout 600 python3 -m tidejax.experiments.webshop --system sync --devices 1 \
+    --preset qwen2.5-0.5b --quick --no-progress --out "$out/job_0.5b" \
+    2>&1 | grep -v "^W0000\|^I0000" | tail -20 | tee "$out/job_0.5b.txt"

@@ -47,16 +47,19 @@ class TopologyConfig:
     rollout_tensor: int = 1  # devices per rank (a 14B engine on 80 GB cards wants 2)
 
     def __post_init__(self):
-        if self.devices < 2:
-            raise ValueError(f"TopologyConfig.devices must be >= 2, got {self.devices}")
+        if self.devices < 1:
+            raise ValueError(f"TopologyConfig.devices must be >= 1, got {self.devices}")
         if self.rollout_tensor < 1 or self.devices % self.rollout_tensor:
             raise ValueError(f"TopologyConfig.rollout_tensor must be >= 1 and divide devices "
                              f"({self.devices}), got {self.rollout_tensor}")
-        if not 1 <= self.rollout_ranks < self.ranks:
+        if self.ranks == 1 and self.rollout_ranks == 1:
+            pass  # one rank: rollout and training share it (system "sync" only)
+        elif not 1 <= self.rollout_ranks < self.ranks:
             raise ValueError(f"TopologyConfig.rollout_ranks must be in [1, {self.ranks}) "
                              f"(ranks of {self.rollout_tensor} device(s)), "
                              f"got {self.rollout_ranks}")
-        if self.ref_ranks < 0 or self.rollout_ranks + self.ref_ranks >= self.ranks:
+        if self.ref_ranks < 0 or (self.ranks > 1
+                                  and self.rollout_ranks + self.ref_ranks >= self.ranks):
             raise ValueError(f"TopologyConfig.ref_ranks must leave >= 1 actor rank, "
                              f"got {self.ref_ranks}")
         if self.min_rollout < 1 or self.min_actor < 1:
@@ -224,6 +227,10 @@ class RunConfig:
         if self.micro_batch_tokens < self.row_len:
             raise ValueError(f"RunConfig.micro_batch_tokens ({self.micro_batch_tokens}) must be "
                              f">= row_len ({self.row_len})")
+        if self.topology.ranks == 1 and self.system != "sync":
+            raise ValueError(f"RunConfig.system {self.system!r} needs separate rollout and "
+                             f"trainer devices; with one device (topology.devices) only "
+                             f"\"sync\" runs, rollout and training taking turns on it")
         self._check_env()
         self._check_task_data()
         if self.sft.skip_options and self.env_type != "webshop":

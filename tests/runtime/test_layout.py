@@ -138,3 +138,13 @@ def test_the_shipped_14b_config_is_refused_naming_the_actor_that_misses():
                                                  r"actor device\(s\) cannot run: actor on 4 "
                                                  r"device\(s\) needs [\d.]+ GiB"):
         layout.initial_partition(cfg, jm, 8)
+
+
+def test_one_device_runs_sync_with_rollout_and_training_taking_turns():
+    cfg = RunConfig(system="sync", topology=TopologyConfig(devices=1, rollout_ranks=1))
+    assert layout.sync_trainer_devices(cfg, 1) == 1
+    assert layout.initial_partition(cfg, _jm(cfg, 1), 1) == layout.ers.Partition(1, 1)
+    with pytest.raises(ValueError, match=r"with one device \(topology.devices\) only \"sync\""):
+        RunConfig(system="tide", topology=TopologyConfig(devices=1, rollout_ranks=1))
+    four = RunConfig(system="sync", topology=TopologyConfig(devices=4, rollout_ranks=3))
+    assert layout.sync_trainer_devices(four, 4) == 1  # what the async trainers would get

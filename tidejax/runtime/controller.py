@@ -195,7 +195,7 @@ class Controller:
             # Phases share the devices: every rank rolls out; training uses the same number
             # of devices as the asynchronous trainers, so no system gets a bigger trainer
             # (on fake CPU devices a wider FSDP mesh only adds collectives).
-            n_train = len(self.devices) - self.cfg.topology.rollout_ranks * self.rank_size
+            n_train = layout.sync_trainer_devices(self.cfg, len(self.devices))
             return self.ranks, [], self.devices[-n_train:]
         return assign_devices(partition, self.ranks)
 

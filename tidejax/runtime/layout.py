@@ -91,6 +91,13 @@ def ers_config(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.ErsCon
                          ref_sizes=in_ranks(jm.ref_sizes((ranks - t.min_rollout - 1) * k)))
 
 
+def sync_trainer_devices(cfg: RunConfig, devices: int) -> int:
+    """Devices a sync run trains on: as many as the asynchronous systems' trainers get
+    (what the rollout ranks leave), or every device when one rank holds them all."""
+    left = devices - cfg.topology.rollout_ranks * cfg.topology.rollout_tensor
+    return left if left > 0 else devices
+
+
 def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.Partition:
     """The run's first partition (in ranks); a LayoutError naming the config field if it
     cannot run."""
@@ -98,7 +105,7 @@ def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers
     k, ranks = t.rollout_tensor, devices // t.rollout_tensor
     if cfg.system == "sync":
         # Phases share every device: engines stay up while the trainer runs beside them.
-        check_shared(jm, devices - t.rollout_ranks * k, "topology.rollout_ranks")
+        check_shared(jm, sync_trainer_devices(cfg, devices), "topology.rollout_ranks")
         return ers.Partition(rollout=ranks, actor=ranks)
     if cfg.system == "tide":
         bounds = ers_config(cfg, jm, devices)
