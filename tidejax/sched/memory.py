@@ -39,6 +39,7 @@ UNBOUNDED_BYTES = float("inf")  # capacity when the device reports none (CPU)
 MASTER_BYTES = 4  # float32 master weights, gradients and each Adam moment
 TRAINER_STEPS = ("sft", "fused", "forward", "backward", "ref_colocated", "update")
 ENGINE_STEPS = ("prefill", "decode")
+DECODE_LOOP_POOL_COPIES = 2  # see engine_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +122,14 @@ class EngineShape:
     max_slots: int
     max_seq_len: int
     prefill_chunk: int  # the largest prefill bucket
+    decode_steps_per_call: int = 1  # tokens each decode dispatch runs on the device
 
     @classmethod
     def of(cls, engine_config) -> EngineShape:
         return cls(num_pages=engine_config.num_pages, page_size=engine_config.page_size,
                    max_slots=engine_config.max_slots, max_seq_len=engine_config.max_seq_len,
-                   prefill_chunk=engine_config.prefill_buckets[-1])
+                   prefill_chunk=engine_config.prefill_buckets[-1],
+                   decode_steps_per_call=engine_config.decode_steps_per_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,17 +291,32 @@ def engine_step(shape: ModelShape, tensor: int, engine: EngineShape, step: str,
     coeffs = ENGINE_COEFFS if coeffs is None else coeffs
     kv_split = tensor if shape.kv_heads % tensor == 0 else 1
     kv = ((engine.num_pages + 1) * engine.page_size * shape.kv_bytes_per_token() / kv_split)
+    temp = _linear(coeffs.get(step, {}), engine_features(shape, tensor, engine))
+    if step == "decode" and engine.decode_steps_per_call > 1:
+        # XLA copies the pool the multi-token loop carries: two more copies of it, measured
+        # with bench.memory on 2026-12-02 (7B, 12,288 pages: 46.1 GiB compiled against 25.3
+        # without them; 0.5B at 2 layers: +0.26 GiB for a 0.125 GiB pool). Exact in the pool.
+        temp += DECODE_LOOP_POOL_COPIES * kv
     return Footprint({"params": shape.compute_bytes * shape.params / tensor, "kv": kv,
-                      "engine_temp": _linear(coeffs.get(step, {}),
-                                             engine_features(shape, tensor, engine))})
+                      "engine_temp": temp})
 
 
 def max_pages(shape: ModelShape, tensor: int, engine: EngineShape, capacity_bytes: float
               ) -> int:
-    """The largest KV pool (pages) a rollout rank holds within ``capacity_bytes``."""
-    empty = engine_peak(shape, tensor, replace(engine, num_pages=0)).total
-    one = engine_peak(shape, tensor, replace(engine, num_pages=1)).total - empty
-    return max(0, int((capacity_bytes - empty) // one))
+    """The largest KV pool (pages) a rollout rank holds within ``capacity_bytes`` (every
+    step's footprint grows with the pool, at its own rate: a bisection)."""
+    def fits(pages: int) -> bool:
+        return engine_peak(shape, tensor, replace(engine, num_pages=pages)).fits(capacity_bytes)
+
+    if not fits(0):
+        return 0
+    low, high = 0, 1
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
 
 
 def engine_peak(shape: ModelShape, tensor: int, engine: EngineShape,
