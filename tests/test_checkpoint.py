@@ -92,9 +92,11 @@ def _flip_bytes(step_dir, largest_only):
             fh.write(bytes(b ^ 0xFF for b in data[mid:mid + 16]))
 
 
-# damage -> what the warning names. Flipping bytes inside one array chunk reads back
-# without error (silent corruption): only the fingerprint in the metadata catches it.
-DAMAGE = {"flip_one_chunk": "fingerprint", "flip_every_file": "Error",
+# damage -> what the warning names. Flipping bytes inside one array chunk mostly reads back
+# without error (silent corruption), and only the fingerprint in the metadata catches it;
+# when the flipped bytes land on the compressed chunk's own structure the read fails
+# instead (seen in CI). Either way the step is skipped.
+DAMAGE = {"flip_one_chunk": "fingerprint|Error", "flip_every_file": "Error",
           "drop_state_item": "state", "truncate_meta": "JSON|Expecting|Unterminated"}
 
 
