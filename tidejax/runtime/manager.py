@@ -222,7 +222,8 @@ class RolloutManager:
         if not self.pending and self.active_tasks == 0:
             self._idle.set()
 
-    def start_next_task(self, group: GroupRecord, rank: int) -> None:
+    def start_next_task(self, group: GroupRecord, rank: int) -> TaskRecord:
+        """Admit the group's next member onto `rank` and start its coroutine."""
         rec = group.tasks[group.admitted]
         if group.admitted == 0:
             if not group.is_eval:
@@ -236,6 +237,7 @@ class RolloutManager:
         task = asyncio.get_running_loop().create_task(self._run_task(rec))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        return rec
 
     async def _run_task(self, rec: TaskRecord) -> None:
         while True:

@@ -32,7 +32,7 @@ class AdmissionHost(Protocol):
     counters: dict[str, int]
     max_pinned_fraction: float
 
-    def start_next_task(self, group: GroupRecord, rank: int) -> None: ...
+    def start_next_task(self, group: GroupRecord, rank: int) -> TaskRecord: ...
 
 
 def quota_groups(manager: AdmissionHost) -> int:
@@ -76,8 +76,7 @@ class CtbScheduler:
         for adm in decisions.admit:
             group = manager.groups[adm.group_id]
             for _ in range(adm.count):
-                manager.start_next_task(group, adm.rank)
-                manager.workers[adm.rank].pin(group.tasks[group.admitted - 1].uid)
+                manager.workers[adm.rank].pin(manager.start_next_task(group, adm.rank).uid)
         # Resident tasks that were not paused may run their next turn.
         for rec in manager.tasks.values():
             if rec.state == TaskState.READY and rec.rank is not None:
