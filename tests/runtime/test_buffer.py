@@ -66,3 +66,48 @@ def test_wait_for_blocks_until_enough_groups():
 def test_bad_config_names_field():
     with pytest.raises(ValueError, match="staleness_bound"):
         GlobalBuffer(staleness_bound=-1, micro_batch_tokens=10)
+    with pytest.raises(ValueError, match="consume_order"):
+        GlobalBuffer(staleness_bound=1, micro_batch_tokens=10, consume_order="fastest")
+
+
+def test_admission_order_waits_for_the_oldest_admitted_group():
+    """A slow group admitted first is not passed over by faster ones admitted after it."""
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100)
+    for gid in ("slow", "fast1", "fast2"):
+        buf.admit(gid)
+    buf.put(group("fast1", 0))
+    buf.put(group("fast2", 0))
+    assert buf.wait_for(1, trainer_version=0, timeout=0) == 0  # the head is still running
+    assert buf.take(2, trainer_version=0) == []
+    buf.put(group("slow", 0))
+    assert buf.wait_for(3, trainer_version=0, timeout=0) == 3
+    assert [g.group_id for g in buf.take(2, trainer_version=0)] == ["slow", "fast1"]
+    assert [g.group_id for g in buf.take(2, trainer_version=0)] == ["fast2"]
+    assert len(buf) == 0
+
+
+def test_completion_order_takes_the_fastest():
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100, consume_order="completion")
+    for gid in ("slow", "fast1", "fast2"):
+        buf.admit(gid)
+    buf.put(group("fast1", 0))
+    buf.put(group("fast2", 0))
+    assert [g.group_id for g in buf.take(2, trainer_version=0)] == ["fast1", "fast2"]
+
+
+def test_a_dropped_head_unblocks_the_admission_order():
+    """A group that fails, or goes stale, leaves the order: the trainer does not wait on it."""
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100)
+    for gid in ("failed", "ok", "late"):
+        buf.admit(gid)
+    buf.put(group("ok", 1))
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(buf.wait_for(1, 1, timeout=5)))
+    waiter.start()
+    buf.drop("failed", "task_failed:env_exception", 10)
+    waiter.join(timeout=5)
+    assert got == [1]
+    assert [g.group_id for g in buf.take(5, trainer_version=1)] == ["ok"]
+    buf.put(group("late", 0))  # two versions behind at trainer version 2: stale, not taken
+    assert buf.take(5, trainer_version=2) == []
+    assert buf.take_new_stale_drops() == 1

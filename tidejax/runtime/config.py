@@ -27,6 +27,10 @@ class RolloutConfig:
     env_max_open_episodes: int | None = None
     staleness_bound: int = 1  # versions; also the CTB/AReaL admission quota
     batch_groups: int = 4  # groups per trainer step (for the staleness quota)
+    # The order the trainer takes finished groups in: "admission" keeps every group within
+    # the staleness bound and the batches unbiased; "completion" (fastest first) is the
+    # ablation (see runtime/buffer.py).
+    consume_order: str = "admission"
     budget_fraction: float = 0.9  # share of a rank's KV pool CTB may plan with
     max_task_attempts: int = 2  # env failures: restart a task this many times in total
     retry_backoff_s: float = 0.05
@@ -44,6 +48,9 @@ class RolloutConfig:
         return self.temperature if self.eval_temperature is None else self.eval_temperature
 
     def __post_init__(self):
+        if self.consume_order not in ("admission", "completion"):
+            raise ValueError(f"RolloutConfig.consume_order must be 'admission' or 'completion', "
+                             f"got {self.consume_order!r}")
         if self.scheduler not in ("ctb", "request"):
             raise ValueError(f"RolloutConfig.scheduler must be 'ctb' or 'request', "
                              f"got {self.scheduler!r}")

@@ -165,7 +165,8 @@ class Controller:
         scheduler = "ctb" if cfg.system == "tide" else "request"
         self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=scheduler,
                                                   staleness_bound=bound)
-        self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens)
+        self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens,
+                                   consume_order=cfg.rollout.consume_order)
         self.runner = TrainerRunner(model_config, cfg.trainer_rl(), cfg.row_len,
                                     cfg.micro_batch_tokens, self.params_host, self.trace)
         self.meter = GoodputMeter()
@@ -391,7 +392,6 @@ class Controller:
                     time.perf_counter() - step_start)
                 groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
                 filtered = manager.filtered_since_consumed
-                manager.consumed(len(groups))
                 # what wait_for/take dropped as stale
                 self._stale_in_step += return_stale_slots(self.buffer, manager)
                 payloads: list[GroupPayload] = [g.payload for g in groups]
@@ -432,6 +432,11 @@ class Controller:
                         self._since_move = 0
                 self._stale_in_step = 0
                 sync_s = await self._sync_weights(manager, state)
+                # The taken groups' quota slots come back only now that rollout runs the new
+                # version: a group admitted during the update would otherwise start on the
+                # old weights yet be consumed a whole batch later, one version past the bound
+                # (AReaL's N_submitted <= (i + eta + 1) * B counts i in rollout versions).
+                manager.consumed(len(groups))
                 if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                     self._queue_eval(manager)
                     eval_pending = self.version

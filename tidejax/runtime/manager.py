@@ -228,6 +228,7 @@ class RolloutManager:
         if group.admitted == 0:
             if not group.is_eval:
                 self.outstanding_groups += 1
+                self.buffer.admit(group.group_id)
         group.admitted += 1
         if group.admitted == len(group.tasks):
             self.pending.remove(group)
@@ -284,6 +285,7 @@ class RolloutManager:
         if group.admitted < len(group.tasks):
             if group.admitted == 0 and not group.is_eval:
                 self.outstanding_groups += 1  # balanced by the drop in _maybe_finish_group
+                self.buffer.admit(group.group_id)
             group.admitted = len(group.tasks)
             if group in self.pending:
                 self.pending.remove(group)

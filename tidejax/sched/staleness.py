@@ -4,8 +4,11 @@ A training group admitted while rollout runs policy version ``v`` is consumed by
 at trainer version ``v + s``; ``s`` is its staleness. With a bound ``eta`` and a trainer
 consuming ``B`` groups per update, admitting at most ``(eta + 1) * B`` groups that are not yet
 consumed keeps a FIFO-consumed stream within the bound (AReaL's rule,
-``N_submitted <= (i + eta + 1) * B``, calibration ``stale.areal_eta``). Rollout is throttled
-when the quota is used up: that is CTB's "policy staleness" constraint.
+``N_submitted <= (i + eta + 1) * B``, calibration ``stale.areal_eta``). Two conditions make
+that hold: ``i`` is the version rollout runs, so a consumed group's slot comes back only
+once the new weights reach rollout, and the trainer takes groups in admission order
+(``runtime/buffer.py``). Rollout is throttled when the quota is used up: that is CTB's
+"policy staleness" constraint.
 """
 
 from __future__ import annotations
