@@ -100,15 +100,62 @@ def test_clipped_policy_loss_by_hand():
     # r=0.5, A=+1: min(0.5, 0.8) = 0.5 -> -0.5, unclipped, d/dlogp = -0.5.
     # r=0.5, A=-1: min(-0.5, -0.8) = -0.8 -> 0.8, clipped, zero gradient.
     # r=1.0, A=2:  -2, unclipped, d/dlogp = -2.
-    loss, clipped = jax.jit(policy_loss, static_argnums=(3, 4))(logp, behaviour, adv, 0.2, 0.2)
+    loss, clipped, truncated = jax.jit(policy_loss, static_argnums=(3, 4))(
+        logp, behaviour, adv, 0.2, 0.2)
     chex.assert_trees_all_close(loss, jnp.array([-1.2, 1.5, -0.5, 0.8, -2.0]), atol=1e-5)
     np.testing.assert_array_equal(clipped, [True, False, False, True, False])
+    assert not truncated.any()
     g = jax.jit(jax.grad(lambda lp: policy_loss(lp, behaviour, adv, 0.2, 0.2)[0].sum()))(logp)
     chex.assert_trees_all_close(g, jnp.array([0.0, 1.5, -0.5, 0.0, -2.0]), atol=1e-5)
     # Clip-higher (eps_high = 0.28): r = 1.25, A = 1 stays below 1.28 -> -1.25, unclipped.
-    loss, clipped = policy_loss(jnp.log(jnp.array([1.25])), jnp.zeros(1), jnp.ones(1), 0.2, 0.28)
+    loss, clipped, _ = policy_loss(jnp.log(jnp.array([1.25])), jnp.zeros(1), jnp.ones(1), 0.2,
+                                   0.28)
     chex.assert_trees_all_close(loss, jnp.array([-1.25]), atol=1e-6)
     assert not bool(clipped[0])
+
+
+def test_decoupled_policy_loss_by_hand():
+    # Decoupled PPO with the proximal policy = the weights being differentiated: the clip
+    # ratio is 1 at the current weights, so nothing is clipped, and each token's gradient is
+    # -A * w with w = pi/pi_behaviour truncated at 2. The same tokens under the behaviour
+    # clip (first test) lose the gradient of the tokens whose ratio left [0.8, 1.2].
+    ratio = jnp.array([1.5, 1.5, 0.5, 0.5, 1.0, 3.0])
+    adv = jnp.array([1.0, -1.0, 1.0, -1.0, 2.0, 1.0])
+    behaviour = jnp.full(6, -3.0)
+    logp = behaviour + jnp.log(ratio)
+
+    def decoupled(lp):
+        return policy_loss(lp, behaviour, adv, 0.2, 0.2, proximal_logp_BT=lp, is_weight_cap=2.0)
+
+    loss, clipped, truncated = jax.jit(decoupled)(logp)
+    # Values: -w * A with w = [1.5, 1.5, 0.5, 0.5, 1, min(3, 2)].
+    chex.assert_trees_all_close(loss, jnp.array([-1.5, 1.5, -0.5, 0.5, -2.0, -2.0]), atol=1e-5)
+    assert not clipped.any()
+    np.testing.assert_array_equal(truncated, [False] * 5 + [True])
+    g = jax.jit(jax.grad(lambda lp: decoupled(lp)[0].sum()))(logp)
+    chex.assert_trees_all_close(g, jnp.array([-1.5, 1.5, -0.5, 0.5, -2.0, -2.0]), atol=1e-5)
+    # On-policy tokens (behaviour = current) give the behaviour clip's loss and gradient.
+    on_loss, _, _ = policy_loss(behaviour, behaviour, adv, 0.2, 0.2, behaviour)
+    chex.assert_trees_all_close(on_loss, policy_loss(behaviour, behaviour, adv, 0.2, 0.2)[0])
+
+
+def test_rl_loss_chooses_the_off_policy_correction():
+    behaviour_logp = jnp.full((1, 3), -2.0)
+    batch = _batch(behaviour_logp, jnp.array([[1.0, 1.0, -1.0]]))
+    logp = behaviour_logp + jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
+    grad = jax.jit(jax.grad(lambda lp, c: rl_loss(lp, None, batch, c)[0]), static_argnums=1)
+    behaviour = grad(logp, LossConfig(kl_coef=0.0, off_policy="behaviour"))
+    decoupled = grad(logp, LossConfig(kl_coef=0.0, off_policy="decoupled"))
+    # Both loss tokens left [0.8, 1.2] in the advantage's direction: the behaviour clip
+    # zeroes their gradients; the decoupled loss gives -w A / 2 (two loss tokens).
+    chex.assert_trees_all_close(behaviour, jnp.zeros((1, 3)), atol=1e-6)
+    chex.assert_trees_all_close(decoupled, jnp.array([[0.0, -0.75, 0.25]]), atol=1e-6)
+    _, metrics = rl_loss(logp, None, batch, LossConfig(kl_coef=0.0, off_policy="behaviour"))
+    assert float(metrics["clipped"]) == 2.0 and float(metrics["truncated"]) == 0.0
+    with pytest.raises(ValueError, match="off_policy"):
+        LossConfig(off_policy="ppo")
+    with pytest.raises(ValueError, match="is_weight_cap"):
+        LossConfig(is_weight_cap=0.5)
 
 
 # Row 0 packs two sequences (segments 1, 2); row 1 one sequence and a padding token.

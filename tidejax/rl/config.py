@@ -7,6 +7,7 @@ import dataclasses
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ADV_ESTIMATORS = ("grpo", "drgrpo")
+OFF_POLICY_LOSSES = ("decoupled", "behaviour")
 
 
 def _check(ok: bool, cls: str, field: str, value, want: str) -> None:
@@ -16,14 +17,21 @@ def _check(ok: bool, cls: str, field: str, value, want: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Clipped policy loss against the behaviour log-probs, plus a KL penalty to the reference.
+    """Clipped policy loss for tokens from current or older weights, plus a KL to the reference.
 
     `clip_eps_high > clip_eps_low` is DAPO's clip-higher. `kl_coef = 0` disables the KL term
-    (the reference model is then not needed at all).
+    (the reference model is then not needed at all). `off_policy = "decoupled"` is AReaL's
+    decoupled PPO for tokens from older weights (clip against the weights being trained,
+    importance weight to the behaviour policy truncated at `is_weight_cap`); "behaviour"
+    clips the ratio to the behaviour policy, standard PPO. The two agree on-policy.
     """
 
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
+    off_policy: str = "decoupled"
+    # 2.0: ms-swift's default truncation (rollout_importance_sampling_threshold) for
+    # truncated importance sampling, Yao et al. 2025's fix for rollout/trainer mismatch.
+    is_weight_cap: float = 2.0
     kl_coef: float = 0.04
     kl_estimator: str = "k3"
     loss_agg: str = "token-mean"
@@ -32,6 +40,9 @@ class LossConfig:
         name = type(self).__name__
         _check(0 <= self.clip_eps_low < 1, name, "clip_eps_low", self.clip_eps_low, "in [0, 1)")
         _check(self.clip_eps_high >= 0, name, "clip_eps_high", self.clip_eps_high, ">= 0")
+        _check(self.off_policy in OFF_POLICY_LOSSES, name, "off_policy", self.off_policy,
+               f"one of {OFF_POLICY_LOSSES}")
+        _check(self.is_weight_cap >= 1, name, "is_weight_cap", self.is_weight_cap, ">= 1")
         _check(self.kl_coef >= 0, name, "kl_coef", self.kl_coef, ">= 0")
         _check(self.kl_estimator in KL_ESTIMATORS, name, "kl_estimator", self.kl_estimator,
                f"one of {KL_ESTIMATORS}")

@@ -37,18 +37,29 @@ def kl_penalty(logp_BT, ref_logp_BT, estimator: str) -> jax.Array:
 
 
 def policy_loss(logp_BT, behaviour_logp_BT, advantages_BT, clip_eps_low: float,
-                clip_eps_high: float) -> tuple[jax.Array, jax.Array]:
-    """PPO clipped surrogate per token, ratio taken against the *behaviour* log-probs.
+                clip_eps_high: float, proximal_logp_BT=None, is_weight_cap: float = 2.0
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """PPO clipped surrogate per token. Returns (loss_BT, clipped_BT, truncated_BT).
 
-    Decoupled PPO (as AReaL trains stale tokens): the policy that generated a token may be
-    several versions old, so the ratio pi_theta / pi_behaviour is what corrects for it and
-    is what gets clipped. Returns (loss_BT, clipped_BT) where clipped marks tokens whose
-    gradient the clip zeroed.
+    Without `proximal_logp_BT` the ratio pi_theta / pi_behaviour is clipped (standard PPO,
+    right when the tokens are on-policy). With it, decoupled PPO (AReaL, Fu et al. 2025):
+    the ratio pi_theta / pi_proximal is clipped and each token is weighted by the importance
+    weight pi_proximal / pi_behaviour, truncated at `is_weight_cap`. A stale token then still
+    moves the policy, in proportion to how likely the trained policy makes it, instead of
+    losing its gradient to a clip measured against the old weights. `clipped_BT` marks
+    tokens whose gradient the clip zeroed; `truncated_BT` tokens whose weight hit the cap.
     """
-    ratio = jnp.exp(logp_BT - behaviour_logp_BT)
+    if proximal_logp_BT is None:
+        anchor_BT, weight_BT = behaviour_logp_BT, jnp.ones_like(logp_BT)
+    else:
+        anchor_BT = jax.lax.stop_gradient(proximal_logp_BT)
+        weight_BT = jnp.exp(anchor_BT - behaviour_logp_BT)
+    truncated_BT = weight_BT > is_weight_cap
+    weight_BT = jnp.minimum(weight_BT, is_weight_cap)
+    ratio = jnp.exp(logp_BT - anchor_BT)
     unclipped = ratio * advantages_BT
     clipped = jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages_BT
-    return -jnp.minimum(unclipped, clipped), clipped < unclipped
+    return -weight_BT * jnp.minimum(unclipped, clipped), clipped < unclipped, truncated_BT
 
 
 def token_weights(loss_mask_BT, segment_ids_BT, loss_agg: str, denom=None) -> jax.Array:
@@ -89,8 +100,12 @@ def rl_loss(logp_BT, ref_logp_BT, batch: Batch, config: LossConfig, denom=None
     """
     mask = jnp.asarray(batch.loss_mask, jnp.float32)
     w = token_weights(mask, batch.segment_ids, config.loss_agg, denom)
-    pg_BT, clipped_BT = policy_loss(logp_BT, batch.behaviour_logp, batch.advantages,
-                                    config.clip_eps_low, config.clip_eps_high)
+    # The trainer makes one optimizer update per batch, so the proximal policy (the weights
+    # this update starts from) is the one being differentiated: its log-probs are logp_BT.
+    proximal_BT = logp_BT if config.off_policy == "decoupled" else None
+    pg_BT, clipped_BT, truncated_BT = policy_loss(
+        logp_BT, batch.behaviour_logp, batch.advantages, config.clip_eps_low,
+        config.clip_eps_high, proximal_BT, config.is_weight_cap)
     pg = jnp.sum(w * pg_BT)
     if config.kl_coef > 0:
         if ref_logp_BT is None:
@@ -100,7 +115,7 @@ def rl_loss(logp_BT, ref_logp_BT, batch: Batch, config: LossConfig, denom=None
     else:
         kl, loss = jnp.zeros((), jnp.float32), pg
     metrics = {**token_metrics(batch), "loss": loss, "pg_loss": pg, "kl": kl,
-               "clipped": jnp.sum(mask * clipped_BT)}
+               "clipped": jnp.sum(mask * clipped_BT), "truncated": jnp.sum(mask * truncated_BT)}
     return loss, metrics
 
 
@@ -110,7 +125,7 @@ def sft_loss(logp_BT, batch: Batch, denom=None, loss_agg: str = "token-mean"
     loss = -aggregate(logp_BT, batch.loss_mask, batch.segment_ids, loss_agg, denom)
     zero = jnp.zeros((), jnp.float32)
     return loss, {**token_metrics(batch), "loss": loss, "pg_loss": zero, "kl": zero,
-                  "clipped": zero}
+                  "clipped": zero, "truncated": zero}
 
 
 def token_metrics(batch: Batch) -> dict[str, jax.Array]:
@@ -129,7 +144,7 @@ def empty_metrics() -> dict[str, jax.Array]:
     zero = jnp.zeros((), jnp.float32)
     return {"tokens": zero, "version_sum": zero,
             "min_version": jnp.asarray(_INT32_MAX, jnp.int32),
-            "loss": zero, "pg_loss": zero, "kl": zero, "clipped": zero}
+            "loss": zero, "pg_loss": zero, "kl": zero, "clipped": zero, "truncated": zero}
 
 
 def merge_metrics(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -91,7 +91,8 @@ def apply_update(state: TrainState, accum: Accum, optim_config: OptimConfig
     has_tokens = m["tokens"] > 0
     metrics = {
         "loss": m["loss"], "pg_loss": m["pg_loss"], "kl": m["kl"],
-        "clip_frac": m["clipped"] / tokens, "tokens": m["tokens"],
+        "clip_frac": m["clipped"] / tokens, "is_truncated_frac": m["truncated"] / tokens,
+        "tokens": m["tokens"],
         "grad_norm": optax.global_norm(accum.grads),
         "lr": lr_schedule(optim_config)(state.step),
         "staleness_mean": jnp.where(
