@@ -25,7 +25,7 @@ def engine_config(num_pages=512):
 
 
 async def run_groups(scheduler, n_groups=4, num_pages=512, faults=None, ranks=2, max_turns=3,
-                     **rollout_overrides):
+                     max_seq_len=1536, **rollout_overrides):
     tok = tiny_tokenizer()
     factory = local_env_factory()
     if faults is not None:
@@ -38,7 +38,7 @@ async def run_groups(scheduler, n_groups=4, num_pages=512, faults=None, ranks=2,
     cfg = RolloutConfig(**{"scheduler": scheduler, "max_new_tokens": 8, "batch_groups": n_groups,
                            "staleness_bound": 8, "max_task_attempts": 2,
                            "retry_backoff_s": 0.001, **rollout_overrides})
-    manager = RolloutManager(cfg, workers, pool, tok, buffer, "webshop", max_seq_len=1536)
+    manager = RolloutManager(cfg, workers, pool, tok, buffer, "webshop", max_seq_len=max_seq_len)
     tasks = make_tasks("webshop", "train", n_groups, GROUP, seed=0, max_turns=max_turns)
     manager.add_groups(tasks, GROUP)
     await asyncio.wait_for(manager.wait_idle(), timeout=120)
@@ -105,6 +105,16 @@ def test_failing_env_drops_whole_groups_with_reason():
         # Each group is either trained whole or dropped whole: never half.
         assert (set(ids) <= set(trained)) != (gid in dropped_groups)
     assert manager.counters["task_failures"] > 0
+
+
+def test_an_opening_prompt_past_the_context_fails_its_task_not_the_ranks():
+    # WebShop's first observation is longer than 40 tokens, so no task can open.
+    manager, buffer, tasks, _ = asyncio.run(run_groups("ctb", n_groups=2, max_seq_len=40))
+    assert not buffer.take(100, 0)
+    reasons = {reason for _, reason in manager.dropped_tasks}
+    assert "prompt_too_long" in reasons and reasons <= {"prompt_too_long", "group_failed"}
+    assert not manager.counters.get("turns_reissued")
+    assert all(w.failed is None for w in manager.workers.values())
 
 
 class FailingEngine(MockEngine):

@@ -74,6 +74,17 @@ def test_an_engine_error_fails_the_rank_instead_of_being_retried():
     worker.stop()
 
 
+def test_a_prompt_past_max_seq_len_fails_alone_and_the_rank_serves_on():
+    worker = RolloutWorker(0, MockEngine(SMALL_POOL), pin_after_turn=True)
+    too_long, fine = Answer(), Answer()
+    worker.submit(request("long", 32), too_long)  # max_seq_len is 32
+    worker.submit(request("ok", 8), fine)
+    assert isinstance(too_long.wait(), ValueError) and "max_seq_len" in str(too_long.value)
+    assert isinstance(fine.wait(), TurnResult)
+    assert worker.alive
+    worker.stop()
+
+
 def test_pinned_pages_that_block_a_turn_are_released_and_the_turn_served():
     worker = RolloutWorker(0, MockEngine(SMALL_POOL), pin_after_turn=True)
     first = Answer()

@@ -45,3 +45,24 @@ def test_compilations_stay_flat_over_hundreds_of_calls():
     assert {name: compiled[name] for name in warm if name in ("prefill", "generate")} == \
         {name: warm[name] for name in ("prefill", "generate")}
     engine.pool.check()
+
+
+def test_decode_updates_the_kv_pool_in_place():
+    """A decode dispatch (8 tokens) holds no pool-sized temporary: compiled ahead of time
+    in float32 (so XLA CPU adds no bf16 upcasts), its temporaries barely move when the pool
+    grows eightfold. A copy of the pool would add at least the pool's growth."""
+    import jax
+    from tidejax.bench.compiled_memory import engine_peaks
+    from tidejax.models.config import get_preset
+    from tidejax.serving.config import EngineConfig
+
+    config = get_preset("qwen2.5-0.5b").replace(num_layers=2, dtype="float32")
+    temps, pools = [], []
+    for pages in (1024, 8192):
+        ec = EngineConfig(num_pages=pages, max_slots=16, max_pages_per_seq=64,
+                          prefill_buckets=(64,), decode_steps_per_call=8)
+        peak = engine_peaks(config, ec, jax.devices()[:1])["decode"]
+        pools.append(2 * config.num_layers * (pages + 1) * ec.page_size
+                     * config.num_kv_heads * config.head_dim * 4)
+        temps.append(peak.compiled - pools[-1])  # the pool is donated: in and out once
+    assert abs(temps[1] - temps[0]) < 0.05 * (pools[1] - pools[0]), (temps, pools)

@@ -106,6 +106,10 @@ class EpisodeLoop:
         rec.episode = open_episode(self.tokenizer, self.system_prompt, start.obs, messages,
                                    start.info.get("role", "user"))
         rec.actions, rec.step_rewards, rec.end = [], [], ""
+        if len(rec.episode) + self.config.max_new_tokens > self.max_seq_len:
+            # The opening prompt leaves no room for a turn (the rule observations meet at
+            # the context cap): this task fails alone instead of reaching an engine.
+            return "prompt_too_long"
         rec.need_tokens = len(rec.episode) + self.config.max_new_tokens
         rec.state = TaskState.READY
         host.schedule()

@@ -13,9 +13,10 @@ Threads and queues:
 - A full KV pool is handled inside the `RequestLoop` (a turn that does not fit waits, a
   decode short of a page preempts). If the loop stalls, nothing running and pinned tasks
   holding the pages, the worker releases the pins; if nothing fits even then, it sleeps
-  on its command queue until a command may have changed the pool. Anything the loop
-  raises (a device error, a bug) kills the rank: every caller waiting on it hears
-  `RankFailed`, and the manager quarantines it.
+  on its command queue until a command may have changed the pool. A request the engine
+  can never run (a prompt past `max_seq_len`) is answered with its error alone; anything
+  else the loop raises (a device error, a bug) kills the rank: every caller waiting on it
+  hears `RankFailed`, and the manager quarantines it.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ class RolloutWorker:
             if self._pending_weights is not None:
                 self._held.append(request)
             else:
-                self.loop.submit(request)
+                self._submit(request)
         elif kind == "pin":
             self.policy.released.discard(command[1])
             self.loop.pin(command[1])
@@ -224,6 +225,14 @@ class RolloutWorker:
             self._pending_weights = command[1:]
         self._usage = self.engine.accounting()
 
+    def _submit(self, request: Request) -> None:
+        """Into the loop; a request the engine can never run (a prompt past `max_seq_len`)
+        fails alone, answered with the loop's `ValueError`, and the rank lives on."""
+        try:
+            self.loop.submit(request)
+        except ValueError as e:
+            self._callbacks.pop(request.request_id)(e)
+
     def _maybe_swap_weights(self) -> None:
         if self._pending_weights is None or self.loop.num_running:
             return
@@ -236,7 +245,7 @@ class RolloutWorker:
         self.version = version
         self._pending_weights = None
         for request in self._held:
-            self.loop.submit(request)
+            self._submit(request)
         self._held.clear()
         self._usage = self.engine.accounting()
         if self.trace:

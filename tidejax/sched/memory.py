@@ -293,9 +293,13 @@ def engine_step(shape: ModelShape, tensor: int, engine: EngineShape, step: str,
     kv = ((engine.num_pages + 1) * engine.page_size * shape.kv_bytes_per_token() / kv_split)
     temp = _linear(coeffs.get(step, {}), engine_features(shape, tensor, engine))
     if step == "decode" and engine.decode_steps_per_call > 1:
-        # XLA copies the pool the multi-token loop carries: two more copies of it, measured
-        # with bench.memory on 2026-12-02 (7B, 12,288 pages: 46.1 GiB compiled against 25.3
-        # without them; 0.5B at 2 layers: +0.26 GiB for a 0.125 GiB pool). Exact in the pool.
+        # Two more copies of the pool, as compiled on CPU by bench.memory on 2026-12-02 (7B,
+        # 12,288 pages: 46.1 GiB against 25.3 without them). They may be the CPU compiler's
+        # alone: it runs bf16 pool updates in float32 (a float32 copy of the pool converted
+        # in and back inside the loop), and a float32 engine compiles with no pool-sized
+        # temporaries (0.5B at 2 layers, 32,768 pages, 1 or 8 tokens per call: 74 / 78 MiB
+        # of temporaries in float32, 1,676 / 1,679 MiB in bf16 beside a 512 MiB bf16 pool).
+        # Kept, so no plan overfills a GPU, until scripts/gpu_check.sh compiles it on one.
         temp += DECODE_LOOP_POOL_COPIES * kv
     return Footprint({"params": shape.compute_bytes * shape.params / tensor, "kv": kv,
                       "engine_temp": temp})
