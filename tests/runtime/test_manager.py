@@ -109,7 +109,7 @@ def test_failing_env_drops_whole_groups_with_reason():
 
 def test_an_opening_prompt_past_the_context_fails_its_task_not_the_ranks():
     # WebShop's first observation is longer than 40 tokens, so no task can open.
-    manager, buffer, tasks, _ = asyncio.run(run_groups("ctb", n_groups=2, max_seq_len=40))
+    manager, buffer, _, _ = asyncio.run(run_groups("ctb", n_groups=2, max_seq_len=40))
     assert not buffer.take(100, 0)
     reasons = {reason for _, reason in manager.dropped_tasks}
     assert "prompt_too_long" in reasons and reasons <= {"prompt_too_long", "group_failed"}

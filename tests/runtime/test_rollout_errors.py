@@ -3,8 +3,9 @@
 import threading
 import time
 
-from tidejax.runtime.rollout import RankFailed, RolloutWorker, TurnResult
 from tidejax.serving import EngineConfig, MockEngine, Request
+
+from tidejax.runtime.rollout import RankFailed, RolloutWorker, TurnResult
 
 # Quarantine and re-homing after an engine error: tests/runtime/test_manager.py.
 

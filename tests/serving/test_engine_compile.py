@@ -1,9 +1,13 @@
-"""Fixed shapes: hundreds of varied prefill / generate calls compile nothing new."""
+"""Fixed shapes: varied calls compile nothing new; decode updates the KV pool in place."""
 
+import jax
 import numpy as np
-from tidejax.serving import Request, RequestLoop, SamplingParams
+from tidejax.models.config import get_preset
+from tidejax.serving import EngineConfig, Request, RequestLoop, SamplingParams
 from tidejax.serving.steps import TRACE_COUNTS
 from tidejax.serving.testing import tiny_engine, tiny_engine_config
+
+from tidejax.bench.compiled_memory import engine_peaks
 
 
 def varied_requests(rng, count, start):
@@ -51,11 +55,6 @@ def test_decode_updates_the_kv_pool_in_place():
     """A decode dispatch (8 tokens) holds no pool-sized temporary: compiled ahead of time
     in float32 (so XLA CPU adds no bf16 upcasts), its temporaries barely move when the pool
     grows eightfold. A copy of the pool would add at least the pool's growth."""
-    import jax
-    from tidejax.bench.compiled_memory import engine_peaks
-    from tidejax.models.config import get_preset
-    from tidejax.serving.config import EngineConfig
-
     config = get_preset("qwen2.5-0.5b").replace(num_layers=2, dtype="float32")
     temps, pools = [], []
     for pages in (1024, 8192):
