@@ -7,7 +7,7 @@ import dataclasses
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ADV_ESTIMATORS = ("grpo", "drgrpo")
-OFF_POLICY_LOSSES = ("decoupled", "behaviour")
+OFF_POLICY_LOSSES = ("behaviour", "decoupled")
 
 
 def _check(ok: bool, cls: str, field: str, value, want: str) -> None:
@@ -20,15 +20,17 @@ class LossConfig:
     """Clipped policy loss for tokens from current or older weights, plus a KL to the reference.
 
     `clip_eps_high > clip_eps_low` is DAPO's clip-higher. `kl_coef = 0` disables the KL term
-    (the reference model is then not needed at all). `off_policy = "decoupled"` is AReaL's
-    decoupled PPO for tokens from older weights (clip against the weights being trained,
-    importance weight to the behaviour policy truncated at `is_weight_cap`); "behaviour"
-    clips the ratio to the behaviour policy, standard PPO. The two agree on-policy.
+    (the reference model is then not needed at all). `off_policy = "behaviour"` clips the
+    ratio to the behaviour policy (standard PPO); "decoupled" is AReaL's decoupled PPO (clip
+    against the weights being trained, importance weight to the behaviour policy truncated
+    at `is_weight_cap`). The two agree on-policy. With one optimizer update per batch, as
+    here, the decoupled clip never binds, so stale tokens lose the only trust region: on the
+    default job it let the late steps diverge (see the README), hence not the default.
     """
 
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
-    off_policy: str = "decoupled"
+    off_policy: str = "behaviour"
     # 2.0: ms-swift's default truncation (rollout_importance_sampling_threshold) for
     # truncated importance sampling, Yao et al. 2025's fix for rollout/trainer mismatch.
     is_weight_cap: float = 2.0
