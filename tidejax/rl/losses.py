@@ -46,7 +46,8 @@ def policy_loss(logp_BT, behaviour_logp_BT, advantages_BT, clip_eps_low: float,
     the ratio pi_theta / pi_proximal is clipped and each token is weighted by the importance
     weight pi_proximal / pi_behaviour, truncated at `is_weight_cap`. A stale token then still
     moves the policy, in proportion to how likely the trained policy makes it, instead of
-    losing its gradient to a clip measured against the old weights. `clipped_BT` marks
+    losing its gradient to a clip measured against the old weights (and when the proximal
+    policy is the one being trained, nothing bounds that move). `clipped_BT` marks
     tokens whose gradient the clip zeroed; `truncated_BT` tokens whose weight hit the cap.
     """
     if proximal_logp_BT is None:
