@@ -175,7 +175,9 @@ class RunConfig:
     # The schedule (total_steps None) decays to lr / 10 over the run, and the KL to the
     # warm start holds what RL is not asked to change: at a constant lr and kl 0.01 the
     # policy learned the options by v6 (eval 0.759 -> 0.954), then overshot, clicking
-    # options that were not there (0.862 at v12). lr 2e-3 wrecked the policy.
+    # options that were not there (0.862 at v12). lr 2e-3 wrecked the policy. Advantages
+    # stay GRPO's: Dr. GRPO's (no std division) kept sync from overshooting, but tide, this
+    # job's system, ended lower with it (3 seeds: 0.891 against about 0.93; README Limits).
     rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.05, loss_agg="token-mean"),
                             optim=OptimConfig(lr=5e-4, warmup_steps=2, total_steps=None,
                                               clip_norm=1.0))
