@@ -173,13 +173,18 @@ class RunConfig:
     # get gradients that cancel exactly across the group; per-episode means weigh them by
     # 1 / episode length, so longer episodes (those that choose options) push them down.
     # The schedule (total_steps None) decays to lr / 10 over the run, and the KL to the
-    # warm start holds what RL is not asked to change: at a constant lr and kl 0.01 the
-    # policy learned the options by v6 (eval 0.759 -> 0.954), then overshot, clicking
-    # options that were not there (0.862 at v12). lr 2e-3 wrecked the policy. Advantages
-    # stay GRPO's: Dr. GRPO's (no std division) kept sync from overshooting, but tide, this
-    # job's system, ended lower with it (3 seeds: 0.891 against about 0.93; README Limits).
-    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.05, loss_agg="token-mean"),
-                            optim=OptimConfig(lr=5e-4, warmup_steps=2, total_steps=None,
+    # warm start holds what RL is not asked to change. lr 2.5e-4: at 5e-4 sync, on-policy,
+    # overshot late (3 seeds, eval at v12: 0.852 / 0.799 / 0.867, against 0.949 / 0.963 /
+    # 0.955 at 2.5e-4), and tide ended lower too (about 0.93 against 0.94); lr 2e-3 wrecked
+    # the policy. off_policy "decoupled" (AReaL): tide and async train on tokens one version
+    # old, and PPO's clip against that behaviour policy zeroed most of their gradient in the
+    # steps where the policy moves most (seed 0, steps 3-5: gradient norm 0.17 / 0.28 / 0.05
+    # against sync's 0.85 / 0.84 / 0.28; 1.27 / 0.73 / 0.29 with the decoupled loss). The
+    # two losses are the same on-policy, so sync is unchanged. Advantages stay GRPO's:
+    # Dr. GRPO's (no std division) left tide lower (3 seeds: 0.891; README Limits).
+    rl: RLConfig = RLConfig(loss=LossConfig(kl_coef=0.05, loss_agg="token-mean",
+                                            off_policy="decoupled"),
+                            optim=OptimConfig(lr=2.5e-4, warmup_steps=2, total_steps=None,
                                               clip_norm=1.0))
     # The default job's warm start: 2 demonstrations per training goal, trained to imitate
     # them closely (tidejax/warm_starts/webshop-tiny ships it, built by

@@ -24,8 +24,10 @@ class LossConfig:
     ratio to the behaviour policy (standard PPO); "decoupled" is AReaL's decoupled PPO (clip
     against the weights being trained, importance weight to the behaviour policy truncated
     at `is_weight_cap`). The two agree on-policy. With one optimizer update per batch, as
-    here, the decoupled clip never binds, so stale tokens lose the only trust region: on the
-    default job it let the late steps diverge (see the README), hence not the default.
+    here, the decoupled clip never binds: stale tokens keep their whole gradient, where the
+    behaviour clip zeroes the tokens the policy has already moved. The default job uses
+    "decoupled" (see `RunConfig.rl`); at twice its learning rate every system, sync
+    included, diverged late in some seeds, so it wants a step size sync is stable at.
     """
 
     clip_eps_low: float = 0.2
