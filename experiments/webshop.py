@@ -44,7 +44,8 @@ import shlex  # noqa: E402
 
 from tidejax.config import (RunConfig, absolute_path, layer_overrides,  # noqa: E402
                             read_config_file, resolve_paths, run_config_from_dict)
-from tidejax.runtime.job import run_job, warm_start  # noqa: E402
+from tidejax.runtime.cluster import Launch  # noqa: E402
+from tidejax.runtime.job import check_single_process, run_job, warm_start  # noqa: E402
 from tidejax.runtime.layout import LayoutError  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
@@ -142,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", help="model preset (tiny, qwen2.5-0.5b, ..., qwen2.5-14b)")
     parser.add_argument("--hf-path", dest="hf_path", help="HF Qwen2 checkpoint directory")
     parser.add_argument("--tokenizer", dest="tokenizer_path", help="tokenizer.json path")
-    parser.add_argument("--devices", type=int, help="devices to use (CPU: fake device count)")
+    parser.add_argument("--devices", type=int,
+                        help="devices to use per process (CPU: fake device count)")
     parser.add_argument("--env-type", dest="env_type",
                         help="env: webshop, household, a plugin or 'package.module:Class'")
     parser.add_argument("--env-settings", dest="env_settings",
@@ -160,7 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only build the tokenizer and SFT warm start into --out, on the "
                              "visible devices (e.g. one GPU), for a later job with the same --out")
     parser.add_argument("--distributed", action="store_true",
-                        help="call jax.distributed.initialize() first (multi-host launch)")
+                        help="join a multi-process job, letting jax.distributed detect the "
+                             "cluster (SLURM, Open MPI, ...)")
+    parser.add_argument("--coordinator", help="host:port of process 0 (multi-process launch; "
+                                              "with --num-processes and --process-id)")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--process-id", type=int)
+    parser.add_argument("--process-timeout", type=int, default=30,
+                        help="seconds before processes out of step or a dead peer fail the run")
     parser.add_argument("--compile-cache", default=os.path.join("runs", ".jax_cache"),
                         help="persistent XLA compilation cache directory ('' disables it)")
     return parser
@@ -180,11 +189,15 @@ def main(argv=None) -> None:
     except (ValueError, FileNotFoundError) as e:  # a bad field or env: named, no traceback
         print(f"tidejax: bad config: {e}", file=sys.stderr)
         sys.exit(2)
+    try:
+        launch = Launch(coordinator=args.coordinator, num_processes=args.num_processes,
+                        process_id=args.process_id, auto=args.distributed,
+                        timeout_s=args.process_timeout)
+    except ValueError as e:
+        print(f"tidejax: bad launch: {e}", file=sys.stderr)
+        sys.exit(2)
     stop = StopRequest().install()
-    if args.distributed:
-        import jax
-
-        jax.distributed.initialize()
+    launch.initialize()
     run_dir = absolute_path(args.out or os.path.join("runs", "webshop", cfg.system))
     compile_cache = absolute_path(args.compile_cache) if args.compile_cache else None
     log = logging.getLogger("tidejax.job")
@@ -193,8 +206,12 @@ def main(argv=None) -> None:
 
         os.makedirs(run_dir, exist_ok=True)
         try:
+            check_single_process()
             _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.topology.devices],
                                           stop=stop)
+        except LayoutError as e:
+            print(f"tidejax: cannot start: {e}", file=sys.stderr)
+            sys.exit(2)
         except RunStopped as e:
             log.error("warm start stopped by %s before it finished; nothing was cached",
                       e.signal_name)

@@ -148,6 +148,9 @@ class Trainer:
         self._compute_copy = compile_(
             functools.partial(cast_floating, dtype=cfg.jnp_dtype), in_shardings=(ps,),
             out_shardings=ps)
+        self._gathered_copy = compile_(
+            functools.partial(cast_floating, dtype=cfg.jnp_dtype), in_shardings=(ps,),
+            out_shardings=jax.tree.map(lambda _: repl, ps))
         self._forward = compile_(forward, in_shardings=(ps, bs))
         # The pullback is not donated: among its residuals are the parameter arrays
         # themselves, which the state still owns. Its shardings are whatever the forward
@@ -193,6 +196,16 @@ class Trainer:
         """`params` in the compute dtype, sharded on this mesh (a bf16 model's rollout
         weights and frozen reference). Device to device: nothing passes through the host."""
         return self._compute_copy(self.put_params(params))
+
+    def rollout_copy(self, params: Params) -> Params:
+        """The compute-dtype copy this process's rollout ranks load, device to device. On a
+        mesh that spans processes every device gathers the whole copy (a collective over
+        the mesh) and this process reads it from one of its own devices, since a
+        cross-process `device_put` is not something to build on."""
+        if not self.mesh.is_multi_process:
+            return self.compute_copy(params)
+        gathered = self._gathered_copy(self.put_params(params))
+        return jax.tree.map(lambda x: x.addressable_data(0), gathered)
 
     def init_state(self, seed: int = 0, params: Params | None = None) -> TrainState:
         """A TrainState born sharded: random params from `seed`, or the given `params`."""

@@ -58,24 +58,12 @@ from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.records import GroupPayload
 from tidejax.runtime.rollout import RolloutWorker
 from tidejax.runtime.stop import StopRequest
+from tidejax.runtime.topology import Topology
 from tidejax.runtime.trainer_runner import TrainerRunner
 from tidejax.sched import ers, ra2p
 from tidejax.serving.engine import make_engine
 
 log = logging.getLogger(__name__)
-
-
-def device_ranks(devices: list, rank_size: int) -> list[list]:
-    """Consecutive groups of `rank_size` devices: the ranks roles are made of."""
-    return [devices[i:i + rank_size] for i in range(0, len(devices), rank_size)]
-
-
-def assign_devices(partition: ers.Partition, ranks: list[list]) -> tuple[list, list, list]:
-    """Contiguous roles over ranks: rollout first, then reference, then actor (moves touch
-    one edge). Returns (rollout ranks, reference devices, actor devices)."""
-    r, f = partition.rollout, partition.ref
-    return ranks[:r], [d for rank in ranks[r:r + f] for d in rank], \
-        [d for rank in ranks[r + f:] for d in rank]
 
 
 def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
@@ -144,12 +132,12 @@ class Controller:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.pool = pool
-        self.devices = list(devices or jax.devices()[:cfg.topology.devices])
-        if len(self.devices) < cfg.topology.devices:
-            raise ValueError(f"topology.devices={cfg.topology.devices} but only "
-                             f"{len(self.devices)} devices are visible")
-        self.rank_size = cfg.topology.rollout_tensor
-        self.ranks = device_ranks(self.devices, self.rank_size)  # ERS's move units
+        # `devices`: the job's devices (default every visible one); topology.devices of
+        # each process's are used, cut into ranks (ERS's move units).
+        self.topology = Topology.of(devices or jax.devices(), cfg.topology.devices,
+                                    cfg.topology.rollout_tensor)
+        self.devices = self.topology.devices
+        self.ranks = [rank for host in self.topology.hosts for rank in host]
         self.writer = writer
         self.trace = trace or TraceRecorder()
         self.checkpoint = checkpoint
@@ -178,7 +166,7 @@ class Controller:
         # layout that does not divide the model or fit (initial_partition).
         self.job_memory = layout.job_memory(cfg, model_config,
                                             layout.capacity_bytes(cfg, self.devices))
-        self.ers_config = layout.ers_config(cfg, self.job_memory, len(self.devices))
+        self.ers_config = layout.ers_config(cfg, self.job_memory, cfg.topology.devices)
         self._step_times: list[float] = []
         self._last_costs: ra2p.Ra2pCosts | None = None
         self._since_move = 1 << 30  # boundaries since ERS last changed the partition
@@ -189,16 +177,25 @@ class Controller:
     # ------------------------------------------------------------------ topology
     def initial_partition(self) -> ers.Partition:
         """The first partition, refused (LayoutError naming the field) if it cannot run."""
-        return layout.initial_partition(self.cfg, self.job_memory, len(self.devices))
+        return layout.initial_partition(self.cfg, self.job_memory, self.cfg.topology.devices)
+
+    def _sync_partition(self) -> tuple[int, int, int]:
+        """What a sync step's record shows: every rank rolls out, then trains on the
+        devices `layout.sync_trainer_devices` gives it (in ranks per host)."""
+        devices = self.cfg.topology.devices
+        return (self.topology.ranks_per_host, 0,
+                layout.sync_trainer_devices(self.cfg, devices) // self.cfg.topology.rollout_tensor)
 
     def _roles(self, partition: ers.Partition):
         if self.system == "sync":
             # Phases share the devices: every rank rolls out; training uses the same number
             # of devices as the asynchronous trainers, so no system gets a bigger trainer
             # (on fake CPU devices a wider FSDP mesh only adds collectives).
-            n_train = layout.sync_trainer_devices(self.cfg, len(self.devices))
-            return self.ranks, [], self.devices[-n_train:]
-        return assign_devices(partition, self.ranks)
+            n_train = layout.sync_trainer_devices(self.cfg, self.cfg.topology.devices)
+            actor = [d for host in self.topology.hosts
+                     for d in [d for rank in host for d in rank][-n_train:]]
+            return self.ranks, [], actor
+        return self.topology.roles(partition)
 
     def _rollout_source(self, manager: RolloutManager, state: TrainState | None
                         ) -> tuple[Any, int]:
@@ -209,7 +206,7 @@ class Controller:
             if worker.alive:
                 return worker.engine.params, worker.version
         if self.first_rollout_weights is None:
-            return self.runner.actor.compute_copy(state.params), self.version
+            return self.runner.actor.rollout_copy(state.params), self.version
         return self.first_rollout_weights, self.version
 
     def _worker(self, rank_devices: list, weights, version: int) -> RolloutWorker:
@@ -253,7 +250,7 @@ class Controller:
         """Push the new policy to every rollout rank with no host round trip: cast to the
         compute dtype on the actor mesh, then each rank copies it onto its own devices."""
         start = time.perf_counter()
-        weights = await asyncio.to_thread(self.runner.actor.compute_copy, state.params)
+        weights = await asyncio.to_thread(self.runner.actor.rollout_copy, state.params)
         events = [w.update_weights(weights, self.version) for w in manager.workers.values()]
         await asyncio.to_thread(lambda: [e.wait() for e in events])
         return time.perf_counter() - start
@@ -344,7 +341,7 @@ class Controller:
         if state is not None:  # resuming: rollout serves the restored policy, not the warm start
             _, _, actor = self._roles(partition)
             self.first_rollout_weights = await asyncio.to_thread(
-                self.runner.trainer_for(actor).compute_copy, state.params)
+                self.runner.trainer_for(actor).rollout_copy, state.params)
         state = await self._apply_partition(partition, manager, state)
         self.first_rollout_weights = None  # live ranks are the source from now on
         if rollout is not None:
@@ -449,9 +446,7 @@ class Controller:
                 record = StepRecord(
                     step=step + 1, version=self.version, mode=timings["mode"],
                     partition=(partition.rollout, partition.ref, partition.actor)
-                    if self.system != "sync" else (len(self.ranks), 0,
-                                                   len(self._roles(partition)[2])
-                                                   // self.rank_size),
+                    if self.system != "sync" else self._sync_partition(),
                     batch_groups=len(groups), filtered_groups=filtered,
                     consumed_tokens=consumed,
                     train_reward=float(np.mean([t.reward for t in trajectories]))

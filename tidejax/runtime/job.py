@@ -30,8 +30,10 @@ from tidejax.models.tokenizer import check_matches_model
 from tidejax.runtime import layout, shipped
 from tidejax.runtime.controller import Controller, RunSummary, StepRecord
 from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action, open_episode
+from tidejax.runtime.layout import LayoutError
 from tidejax.runtime.sft import sft_warm_start
 from tidejax.runtime.stop import RunStopped, StopRequest
+from tidejax.runtime.topology import Topology
 
 log = logging.getLogger("tidejax.job")
 
@@ -207,6 +209,17 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     return tokenizer, model_config, params, time.perf_counter() - t0
 
 
+def check_single_process() -> None:
+    """Refuse, naming why, a job launched across several processes."""
+    if jax.process_count() > 1:
+        # Launch, topology and the leader's decisions exist (runtime/cluster.py,
+        # runtime/topology.py); the control loop does not take its decisions from the
+        # leader yet, and processes that each decide alone run different programs and hang.
+        raise LayoutError(f"{jax.process_count()} processes: a job across several processes "
+                          "cannot run yet (the control loop does not take its partition, batch "
+                          "and trigger decisions from process 0); run it as one process")
+
+
 def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True,
             compile_cache: str | None = None, cache_dir: str | None = None,
             stop: StopRequest | None = None) -> dict:
@@ -221,14 +234,16 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     if compile_cache:  # later runs (and --resume) skip most XLA compilation
         jax.config.update("jax_compilation_cache_dir", compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    devices = jax.devices()[:cfg.topology.devices]
-    if len(devices) < cfg.topology.devices:
-        raise ValueError(f"topology.devices={cfg.topology.devices} but only {len(devices)} "
-                         "devices are visible (on CPU set --devices before jax starts)")
+    check_single_process()
+    try:
+        devices = Topology.of(jax.devices(), cfg.topology.devices,
+                              cfg.topology.rollout_tensor).devices
+    except ValueError as e:
+        raise ValueError(f"{e} (on CPU set --devices before jax starts)") from None
     # A layout that does not divide the model or fit is refused before anything is built.
     layout.initial_partition(cfg, layout.job_memory(cfg, model_config_of(cfg),
                                                     layout.capacity_bytes(cfg, devices)),
-                             len(devices))
+                             cfg.topology.devices)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1, default=str)
     writer = MetricsWriter(run_dir, enabled=jax.process_index() == 0)
