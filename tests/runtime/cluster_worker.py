@@ -46,13 +46,14 @@ def fingerprint(tree) -> float:
 
 def train_scenario() -> dict:
     from tidejax.models.testing import tiny_config, tiny_params
+    from tidejax.serving.config import EngineConfig
+    from tidejax.serving.engine import make_engine
+
     from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
     from tidejax.rl.testing import FAST_COMPILE, random_trajectory
     from tidejax.runtime.topology import Topology
     from tidejax.runtime.trainer_runner import TrainerRunner
     from tidejax.sched import ers
-    from tidejax.serving.config import EngineConfig
-    from tidejax.serving.engine import make_engine
 
     config = tiny_config()
     rl = RLConfig(loss=LossConfig(kl_coef=0.05), optim=OptimConfig(lr=1e-3, total_steps=10))
