@@ -44,8 +44,8 @@ import shlex  # noqa: E402
 
 from tidejax.config import (RunConfig, absolute_path, layer_overrides,  # noqa: E402
                             read_config_file, resolve_paths, run_config_from_dict)
-from tidejax.runtime.cluster import Launch  # noqa: E402
-from tidejax.runtime.job import check_single_process, run_job, warm_start  # noqa: E402
+from tidejax.runtime.cluster import Launch, StageError, exit_now  # noqa: E402
+from tidejax.runtime.job import check_processes, run_job, warm_start  # noqa: E402
 from tidejax.runtime.layout import LayoutError  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
@@ -196,8 +196,10 @@ def main(argv=None) -> None:
     except ValueError as e:
         print(f"tidejax: bad launch: {e}", file=sys.stderr)
         sys.exit(2)
-    stop = StopRequest().install()
     launch.initialize()
+    # After jax.distributed, whose preemption notifier would otherwise take SIGTERM: a stop
+    # is agreed by every process at the next boundary instead (runtime/controller.py).
+    stop = StopRequest().install()
     run_dir = absolute_path(args.out or os.path.join("runs", "webshop", cfg.system))
     compile_cache = absolute_path(args.compile_cache) if args.compile_cache else None
     log = logging.getLogger("tidejax.job")
@@ -206,7 +208,7 @@ def main(argv=None) -> None:
 
         os.makedirs(run_dir, exist_ok=True)
         try:
-            check_single_process()
+            check_processes(cfg, sft_only=True)
             _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.topology.devices],
                                           stop=stop)
         except LayoutError as e:
@@ -221,10 +223,15 @@ def main(argv=None) -> None:
         return
     try:
         out = run_job(cfg, run_dir, resume=args.resume, show_progress=not args.no_progress,
-                      compile_cache=compile_cache, stop=stop)
+                      compile_cache=compile_cache, stop=stop,
+                      process_timeout_s=launch.timeout_s)
     except LayoutError as e:  # raised before anything is built: nothing to keep
         print(f"tidejax: cannot start: {e}", file=sys.stderr)
         sys.exit(2)
+    except StageError as e:  # processes out of step, or one gone: the others may hang
+        log.error("run failed: %s. The last checkpoint in %s is intact; rerun every process "
+                  "with --resume.", e, shown_path(os.path.join(run_dir, "checkpoints")))
+        exit_now(4)
     except AllRanksFailed as e:
         log.error("run stopped: %s. The last checkpoint in %s is intact; restore the rollout "
                   "ranks and rerun with --resume.", e,

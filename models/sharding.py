@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Sequence
 
@@ -133,3 +134,36 @@ def param_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules,
     return jax.tree.map(
         lambda names, leaf: NamedSharding(mesh, spec_for(names, leaf.shape, rules, mesh)),
         logical_axes(config), abstract, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def reshard(tree, shardings):
+    """`jax.device_put(tree, shardings)`, also between meshes over different devices of
+    several processes, where a plain device_put cannot go (multi-controller JAX moves data
+    between processes only inside a program both sides run).
+
+    Trainer meshes list devices host by host and ERS resizes them alike on every host, so
+    an array sharded the same way on both meshes keeps each host's block on that host:
+    each process moves its block between its own devices. Leaves that are sharded
+    differently on the two meshes go through the host (every process gathers the whole
+    array): correct, slower, and logged."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(_reshard_leaf, tree, shardings)
+
+
+def _reshard_leaf(x: jax.Array, target: NamedSharding) -> jax.Array:
+    from jax.experimental import multihost_utils
+
+    source = x.sharding
+    if source.device_set == target.device_set:
+        return jax.device_put(x, target)
+    if (isinstance(source, NamedSharding) and source.spec == target.spec
+            and source.mesh.axis_names == target.mesh.axis_names):
+        local = multihost_utils.global_array_to_host_local_array(x, source.mesh, source.spec)
+        local = jax.device_put(local, NamedSharding(target.mesh.local_mesh, target.spec))
+        return multihost_utils.host_local_array_to_global_array(local, target.mesh,
+                                                                target.spec)
+    logging.getLogger(__name__).info(
+        "resharding a %s array from %s to %s through the host", x.shape, source, target.spec)
+    whole = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.make_array_from_callback(x.shape, target, lambda index: whole[index])

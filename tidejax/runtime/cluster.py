@@ -31,6 +31,7 @@ import jax
 log = logging.getLogger(__name__)
 
 LEADER = 0
+KEPT_POSITIONS = 1024  # decisions the store keeps before the leader deletes them
 
 
 class StageError(RuntimeError):
@@ -74,6 +75,8 @@ class Launch:
         """Join the job (a no-op for one process launched alone)."""
         if not self.distributed:
             return
+        # Collectives between CPU processes (tests on loopback); GPUs use NCCL regardless.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=self.coordinator, num_processes=self.num_processes,
             process_id=self.process_id, initialization_timeout=max(self.timeout_s, 60),
@@ -127,9 +130,11 @@ class Decisions:
     def leader(self) -> bool:
         return self.process_id == LEADER
 
-    def _get(self, key: str, stage: str, position: int, whom: str) -> str:
+    def _get(self, key: str, stage: str, position: int, whom: str, raw: bool = False):
+        get = (self.client.blocking_key_value_get_bytes if raw
+               else self.client.blocking_key_value_get)
         try:
-            return self.client.blocking_key_value_get(key, self.timeout_ms)
+            return get(key, self.timeout_ms)
         except Exception as e:  # the service raises its own error type on a timeout
             raise StageError(
                 f"process {self.process_id} waited {self.timeout_ms / 1000:.0f} s at stage "
@@ -144,6 +149,7 @@ class Decisions:
         if self.leader:
             value = compute()
             self.client.key_value_set(key, json.dumps({"stage": stage, "value": value}))
+            self._forget(position - KEPT_POSITIONS)
             return value
         record = json.loads(self._get(key, stage, position, "the leader"))
         if record["stage"] != stage:
@@ -172,17 +178,39 @@ class Decisions:
             json.loads(self._get(f"{prefix}/{p}", stage, position, f"process {p}"))
             for p in range(self.num_processes)]))
 
-    def barrier(self, stage: str) -> None:
+    def all_gather(self, stage: str, data: bytes) -> list[bytes]:
+        """Every process's `data`, in process order, on every process."""
+        if self.client is None:
+            self.count += 1
+            return [data]
+        self._agree(stage, lambda: None)  # every process at this stage, in this position
+        position = self.count - 1
+        prefix = f"tidejax/{self.run_id}/{position}/{stage}"
+        self.client.key_value_set_bytes(f"{prefix}/{self.process_id}", data)
+        return [data if p == self.process_id else
+                self._get(f"{prefix}/{p}", stage, position, f"process {p}", raw=True)
+                for p in range(self.num_processes)]
+
+    def _forget(self, position: int) -> None:
+        # The store keeps every key for the job's life; a control loop that polls would
+        # grow it without end. Every process has long read a position this old: each
+        # digest round waits for all of them.
+        if position >= 0:
+            for key in (f"tidejax/{self.run_id}/{position}", f"tidejax/{self.run_id}/{position}/"):
+                self.client.key_value_delete(key)
+
+    def barrier(self, stage: str, timeout_s: float | None = None) -> None:
         """Wait until every process reaches `stage` at the same position in the order."""
         if self.client is None:
             self.count += 1
             return
         self._agree(stage, lambda: None)
+        timeout_ms = self.timeout_ms if timeout_s is None else int(timeout_s * 1000)
         try:
             self.client.wait_at_barrier(f"tidejax/{self.run_id}/barrier/{self.count - 1}",
-                                        self.timeout_ms)
+                                        timeout_ms)
         except Exception as e:
             raise StageError(
                 f"process {self.process_id}: not every process reached stage {stage!r} "
-                f"(position {self.count - 1}) within {self.timeout_ms / 1000:.0f} s: one "
+                f"(position {self.count - 1}) within {timeout_ms / 1000:.0f} s: one "
                 f"stopped, or is at another stage ({type(e).__name__}: {e})") from e

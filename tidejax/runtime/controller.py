@@ -37,14 +37,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import math
+import pickle
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
+from tidejax.checkpoint import fingerprint
 from tidejax.config import RunConfig
 from tidejax.envs import make_tasks
 from tidejax.metrics import GoodputMeter, MetricsWriter, TraceRecorder
@@ -53,7 +58,8 @@ from tidejax.models.tokenizer import Tokenizer
 from tidejax.rl.batch import loss_denominator
 from tidejax.rl.state import TrainState
 from tidejax.runtime import layout, resume
-from tidejax.runtime.buffer import GlobalBuffer
+from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
+from tidejax.runtime.cluster import Decisions
 from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.records import GroupPayload
 from tidejax.runtime.rollout import RolloutWorker
@@ -73,6 +79,41 @@ def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
     if n:
         manager.consumed(n)
     return n
+
+
+def batch_shares(digests: list[dict], target: int, take_all: bool) -> dict:
+    """The leader's batch decision from every process's digest ({"ready", "stop"}): stop if
+    any process was asked to, else how many groups each process gives once `target` are
+    ready between them (taken in turn, one at a time, so hosts share the batch), or with
+    `take_all` whatever each has (sync: the batch is what survived)."""
+    stop = next((d["stop"] for d in digests if d["stop"] is not None), None)
+    if stop is not None:
+        return {"stop": stop}
+    ready = [d["ready"] for d in digests]
+    if take_all:
+        return {"take": ready}
+    if sum(ready) < target:
+        return {"wait": True}
+    shares, left = [0] * len(ready), target
+    while left:
+        for p, n in enumerate(ready):
+            if left and shares[p] < n:
+                shares[p] += 1
+                left -= 1
+    return {"take": shares}
+
+
+def plan_to_json(plan: ers.Plan) -> dict:
+    return {"partition": [plan.partition.rollout, plan.partition.actor, plan.partition.ref],
+            "mode": plan.mode.value, "batch_groups": plan.batch_groups, "retain": plan.retain,
+            "reason": plan.reason, "pressure": plan.pressure}
+
+
+def plan_from_json(value: dict) -> ers.Plan:
+    rollout, actor, ref = value["partition"]
+    return ers.Plan(ers.Partition(rollout=rollout, actor=actor, ref=ref),
+                    ra2p.Mode(value["mode"]), value["batch_groups"], value["retain"],
+                    value["reason"], value["pressure"])
 
 
 @dataclasses.dataclass
@@ -127,7 +168,7 @@ class Controller:
                  pool, devices: list | None = None, writer: MetricsWriter | None = None,
                  trace: TraceRecorder | None = None, checkpoint: Callable | None = None,
                  progress: Callable[[StepRecord], None] | None = None,
-                 stop: StopRequest | None = None):
+                 stop: StopRequest | None = None, decisions: Decisions | None = None):
         self.cfg = cfg
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -138,6 +179,11 @@ class Controller:
                                     cfg.topology.rollout_tensor)
         self.devices = self.topology.devices
         self.ranks = [rank for host in self.topology.hosts for rank in host]
+        # Every process runs this loop; what must be the same everywhere (a batch's groups,
+        # a plan, a stop, an evaluation's end) is decided by process 0 (runtime/cluster.py).
+        # Rollout, CTB, the env pool and the buffer stay per process, on its own devices.
+        self.decisions = decisions or Decisions(run_id="run")
+        self.process, self.hosts = jax.process_index(), jax.process_count()
         self.writer = writer
         self.trace = trace or TraceRecorder()
         self.checkpoint = checkpoint
@@ -151,8 +197,11 @@ class Controller:
         self.system = cfg.system
         bound = 0 if cfg.system == "sync" else cfg.rollout.staleness_bound
         scheduler = "ctb" if cfg.system == "tide" else "request"
+        # Each host fills its share of a batch (and of the staleness quota).
+        self.host_batch_groups = math.ceil(cfg.batch_groups / self.hosts)
         self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=scheduler,
-                                                  staleness_bound=bound)
+                                                  staleness_bound=bound,
+                                                  batch_groups=self.host_batch_groups)
         self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens,
                                    consume_order=cfg.rollout.consume_order)
         self.runner = TrainerRunner(model_config, cfg.trainer_rl(), cfg.row_len,
@@ -223,7 +272,8 @@ class Controller:
     async def _apply_partition(self, partition: ers.Partition, manager: RolloutManager,
                                state: TrainState | None) -> TrainState | None:
         rollout, ref, actor = self._roles(partition)
-        rollout = [rank for rank in rollout if rank[0].id not in manager.quarantined]
+        rollout = [rank for rank in rollout if rank[0].process_index == self.process
+                   and rank[0].id not in manager.quarantined]
         want = {rank[0].id for rank in rollout}
         source = self._rollout_source(manager, state)  # taken before any rank closes
         for rank in [r for r in manager.workers if r not in want]:
@@ -253,27 +303,44 @@ class Controller:
         weights = await asyncio.to_thread(self.runner.actor.rollout_copy, state.params)
         events = [w.update_weights(weights, self.version) for w in manager.workers.values()]
         await asyncio.to_thread(lambda: [e.wait() for e in events])
+        if self.hosts > 1:  # the collective path: prove each host's ranks got the update
+            await asyncio.to_thread(self._check_synced, manager, weights)
         return time.perf_counter() - start
+
+    def _check_synced(self, manager: RolloutManager, weights) -> None:
+        expected = fingerprint(weights)
+        for rank, worker in manager.workers.items():
+            if worker.alive and fingerprint(worker.engine.params) != expected:
+                raise RuntimeError(f"rollout rank {rank} on process {self.process} does not "
+                                   f"hold version {self.version}'s weights after the sync")
+        log.info("sync v%d: %d rollout rank(s) on process %d hold the trainer's weights "
+                 "(fingerprint %08x)", self.version, len(manager.workers), self.process,
+                 zlib.crc32(repr(expected).encode()))
 
     # ------------------------------------------------------------------ data
     def _train_tasks(self, n_groups: int):
         cfg = self.cfg
+        # Each process draws its own stream (process 0's is the single-process one); its
+        # ids carry the process, so a batch's groups sort the same way everywhere.
+        host = f"p{self.process}." if self.process else ""
         tasks = make_tasks(cfg.env_type, "train", n_groups, cfg.group_size,
-                           seed=cfg.seed * 100_003 + self.data_cursor,
+                           seed=cfg.seed * 100_003 + self.data_cursor + self.process * 1_000_003,
                            max_turns=cfg.max_turns, long_tail_fraction=cfg.long_tail_fraction,
-                           prefix=f"train{self.data_cursor}", env_kwargs=cfg.env_kwargs(),
+                           prefix=f"{host}train{self.data_cursor}", env_kwargs=cfg.env_kwargs(),
                            rows=self.task_rows.get("train"))
         self.data_cursor += n_groups
         return tasks
 
     def _top_up(self, manager: RolloutManager) -> None:
         """Keep enough training groups queued that rollout never runs dry for lack of work."""
-        quota = (self.rollout_config.staleness_bound + 2) * self.cfg.batch_groups
+        quota = (self.rollout_config.staleness_bound + 2) * self.host_batch_groups
         missing = quota - manager.pending_groups - manager.outstanding_groups
         if missing > 0:
             manager.add_groups(self._train_tasks(missing), self.cfg.group_size)
 
     def _queue_eval(self, manager: RolloutManager) -> None:
+        if self.process:  # the leader's rollout ranks evaluate; the others train on
+            return
         cfg = self.cfg
         tasks = make_tasks(cfg.env_type, cfg.eval_split, cfg.eval_groups, cfg.eval_samples,
                            seed=cfg.seed + 7, max_turns=cfg.max_turns,
@@ -312,18 +379,60 @@ class Controller:
             idle.cancel()
 
     async def _save(self, step: int, state: TrainState, manager: RolloutManager) -> None:
-        snap = resume.snapshot(manager, self.buffer)  # consistent: no await before it
+        # consistent: no await before it
+        snap = resume.snapshot(manager, self.buffer) | {"data_cursor": self.data_cursor}
+        if self.hosts > 1:  # every host's snapshot goes into the checkpoint process 0 writes
+            snap = resume.combine([json.loads(data) for data in self.decisions.all_gather(
+                "checkpoint", json.dumps(snap).encode())])
         await asyncio.to_thread(self.checkpoint, step, state, self, snap)
         self._saved_step = step
 
     async def _wait_eval(self, manager: RolloutManager, version: int, timeout: float = 600.0):
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self._stopping():
+
+        def over() -> bool:  # on the leader, whose ranks evaluate
             tally = manager.eval_tallies.get(version)
-            if tally is not None and tally.groups >= self.cfg.eval_groups:
-                return
+            return (time.monotonic() >= deadline or self._stopping()
+                    or (tally is not None and tally.groups >= self.cfg.eval_groups))
+
+        while not self.decisions.decide("eval", over):
             manager.raise_if_failed()
             await asyncio.sleep(0.01)
+
+    def _agreed_stop(self, stage: str) -> int | None:
+        """The signal that stops the run, if any process got one (every process agrees)."""
+        mine = self.stop.signum if self._stopping() else None
+        return self.decisions.decide_from(
+            stage, mine, lambda signals: next((s for s in signals if s is not None), None))
+
+    async def _wait_batch(self, manager: RolloutManager, target: int
+                          ) -> tuple[list[ReadyGroup], int] | int:
+        """The step's batch, the same on every process: groups from every host's buffer
+        (the leader decides how many each gives), sorted by id; with how many are this
+        process's. Returns the agreed stop signal instead if a stop came first."""
+        while True:
+            ready = self.buffer.wait_for(target, self.version, timeout=0)
+            mine = self.stop.signum if self._stopping() else None
+            decision = self.decisions.decide_from(
+                "batch", {"ready": ready, "stop": mine},
+                lambda digests: batch_shares(digests, target, take_all=self.system == "sync"))
+            if "stop" in decision:
+                return decision["stop"]
+            if "take" in decision:
+                break
+            # before topping up the queue
+            self._stale_in_step += return_stale_slots(self.buffer, manager)
+            manager.raise_if_failed()
+            await asyncio.sleep(0.005 if self.hosts == 1 else 0.05)
+            self._top_up(manager)
+        share = decision["take"][self.process]
+        local = self.buffer.take(share, self.version)
+        if self.hosts == 1:
+            return sorted(local, key=lambda g: g.group_id), len(local)
+        gathered = self.decisions.all_gather("batch_groups", pickle.dumps(local))
+        # Pickles from this job's own processes, through its coordination service.
+        groups = [g for data in gathered for g in pickle.loads(data)]
+        return sorted(groups, key=lambda g: g.group_id), len(local)
 
     # ------------------------------------------------------------------ the run
     async def run(self, state: TrainState | None = None, start_step: int = 0,
@@ -344,8 +453,10 @@ class Controller:
                 self.runner.trainer_for(actor).rollout_copy, state.params)
         state = await self._apply_partition(partition, manager, state)
         self.first_rollout_weights = None  # live ranks are the source from now on
-        if rollout is not None:
-            restored = resume.restore(rollout, manager, self.buffer)
+        for i, snap in enumerate(resume.assigned(rollout, self.process, self.hosts)):
+            if i == 0 and "data_cursor" in snap:  # this process's own stream
+                self.data_cursor = snap["data_cursor"]
+            restored = resume.restore(snap, manager, self.buffer)
             log.info("restored rollout: %d ready groups, %d in-flight tasks restarted, "
                      "%d queued tasks re-queued", restored["ready_groups"],
                      restored["restarted_tasks"], restored["requeued_tasks"])
@@ -359,35 +470,30 @@ class Controller:
         cold = True
         plan = ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False, "initial")
         completed = start_step  # the last step whose update finished
-        stopped_by = None
+        stop_signal = None  # agreed by every process
         try:
             for step in range(start_step, cfg.steps):
-                if self._stopping():
+                stop_signal = self._agreed_stop("step")
+                if stop_signal is not None:
                     break
                 step_start = time.perf_counter()
                 busy_before = {r: w.stats.busy_s for r, w in manager.workers.items()}
                 if self.system == "sync":
                     if not await self._sync_rollout(manager):
+                        stop_signal = self.stop.signum
                         break  # abandon the step: nothing was trained yet
                 else:
                     self._top_up(manager)
                 self.buffer.begin_step()
                 wait_start = time.perf_counter()
                 target = plan.batch_groups if self.system == "tide" else cfg.batch_groups
-                if self.system == "sync":  # the batch is whatever survived (drops counted)
-                    target = self.buffer.wait_for(target, self.version, timeout=0)
-                while (self.buffer.wait_for(target, self.version, timeout=0) < target
-                       and not self._stopping()):
-                    # before topping up the queue
-                    self._stale_in_step += return_stale_slots(self.buffer, manager)
-                    manager.raise_if_failed()
-                    await asyncio.sleep(0.005)
-                    self._top_up(manager)
-                if self._stopping():
+                batch = await self._wait_batch(manager, target)
+                if not isinstance(batch, tuple):
+                    stop_signal = batch
                     break  # abandon the step while it waits for its batch
+                groups, local_groups = batch
                 twt = time.perf_counter() - wait_start if self.system != "sync" else (
                     time.perf_counter() - step_start)
-                groups = sorted(self.buffer.take(target, self.version), key=lambda g: g.group_id)
                 filtered = manager.filtered_since_consumed
                 # what wait_for/take dropped as stale
                 self._stale_in_step += return_stale_slots(self.buffer, manager)
@@ -417,8 +523,8 @@ class Controller:
                         self._report_eval(manager, eval_pending, step)
                     eval_pending = None
                 if self.system == "tide":
-                    plan = self._plan(manager, partition, train_s, timings, twt, len(groups),
-                                      cold, plan)
+                    plan = self._agreed_plan(manager, partition, train_s, timings, twt,
+                                             len(groups), cold, plan)
                     cold = False
                     self._since_move += 1
                     if plan.partition != partition:
@@ -433,7 +539,7 @@ class Controller:
                 # version: a group admitted during the update would otherwise start on the
                 # old weights yet be consumed a whole batch later, one version past the bound
                 # (AReaL's N_submitted <= (i + eta + 1) * B counts i in rollout versions).
-                manager.consumed(len(groups))
+                manager.consumed(local_groups)
                 if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                     self._queue_eval(manager)
                     eval_pending = self.version
@@ -456,6 +562,12 @@ class Controller:
                     kv_hit_rate=manager.hit_rate(), reason=plan.reason if self.system == "tide"
                     else self.system, loss=dict(metrics, sync_s=sync_s, train_s=train_s))
                 self.records.append(record)
+                if self.hosts > 1:  # what every process must agree on, for comparing logs
+                    log.info("step %d digest: version=%d partition=%s actor_processes=%s "
+                             "micro_batches=%d groups=%s", record.step, record.version,
+                             record.partition,
+                             sorted({d.process_index for d in self.runner.actor_devices}),
+                             timings["micro_batches"], ",".join(g.group_id for g in groups))
                 if self.writer:
                     self.writer.write(record.step, "step", {
                         k: v for k, v in dataclasses.asdict(record).items() if k != "loss"}
@@ -463,8 +575,7 @@ class Controller:
                         | env_metrics(self.pool))
                 if self.progress:
                     self.progress(record)
-            if self._stopping() and completed < cfg.steps:
-                stopped_by = self.stop.signum
+            if stop_signal is not None and completed < cfg.steps:
                 log.info("stopping after step %d of %d", completed, cfg.steps)
                 if self.checkpoint and self._saved_step != completed:
                     await self._save(completed, state, manager)
@@ -488,7 +599,7 @@ class Controller:
                   for v, t in manager.eval_tallies.items()},
             records=self.records, counters=dict(manager.counters),
             dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state,
-            stopped_by=stopped_by)
+            stopped_by=stop_signal if completed < cfg.steps else None)
 
     def _update(self, state, trajectories, advantages, mode):
         if self.system == "stream":
@@ -509,6 +620,11 @@ class Controller:
         state, metrics = self.runner.finish(state, accum)
         timings["update_s"] = time.perf_counter() - start
         return state, timings, metrics
+
+    def _agreed_plan(self, *signals) -> ers.Plan:
+        """ERS's plan for every process, made by the leader from its signals."""
+        return plan_from_json(self.decisions.decide(
+            "plan", lambda: plan_to_json(self._plan(*signals))))
 
     def _plan(self, manager, partition, train_s, timings, twt, batch, cold,
               last: ers.Plan) -> ers.Plan:

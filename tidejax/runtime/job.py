@@ -28,6 +28,7 @@ from tidejax.metrics import MetricsWriter, TraceRecorder, format_eta
 from tidejax.models.hf import read_config
 from tidejax.models.tokenizer import check_matches_model
 from tidejax.runtime import layout, shipped
+from tidejax.runtime.cluster import Decisions
 from tidejax.runtime.controller import Controller, RunSummary, StepRecord
 from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action, open_episode
 from tidejax.runtime.layout import LayoutError
@@ -36,6 +37,8 @@ from tidejax.runtime.stop import RunStopped, StopRequest
 from tidejax.runtime.topology import Topology
 
 log = logging.getLogger("tidejax.job")
+# How long the other processes wait for the leader's warm start (SFT can take a while).
+WARM_START_TIMEOUT_S = 6 * 3600
 
 
 # ---------------------------------------------------------------------------- setup
@@ -209,49 +212,66 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     return tokenizer, model_config, params, time.perf_counter() - t0
 
 
-def check_single_process() -> None:
-    """Refuse, naming why, a job launched across several processes."""
-    if jax.process_count() > 1:
-        # Launch, topology and the leader's decisions exist (runtime/cluster.py,
-        # runtime/topology.py); the control loop does not take its decisions from the
-        # leader yet, and processes that each decide alone run different programs and hang.
-        raise LayoutError(f"{jax.process_count()} processes: a job across several processes "
-                          "cannot run yet (the control loop does not take its partition, batch "
-                          "and trigger decisions from process 0); run it as one process")
+def check_processes(cfg: RunConfig, sft_only: bool = False) -> None:
+    """Refuse, naming why, what a multi-process launch cannot run."""
+    if jax.process_count() == 1:
+        return
+    if sft_only:
+        raise LayoutError("--sft-only builds a warm start on one process's devices; run it as "
+                          "one process")
+    if cfg.system == "sync":
+        # Sync's rollout phase waits for every group of the batch on one buffer; its
+        # multi-process form (each host its share, then the batch) is not built yet.
+        raise LayoutError(f"system 'sync' runs as one process ({jax.process_count()} were "
+                          "launched); tide, async and stream run across processes")
 
 
 def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True,
             compile_cache: str | None = None, cache_dir: str | None = None,
-            stop: StopRequest | None = None) -> dict:
+            stop: StopRequest | None = None, process_timeout_s: float = 30.0) -> dict:
     """Run the whole job; the tokenizer and SFT warm start are cached in `cache_dir`
     (default: the run directory), so systems compared side by side share them.
 
     When `stop` is requested the run checkpoints at its next safe boundary, writes its
-    outputs and raises `RunStopped` (with the last completed step)."""
+    outputs and raises `RunStopped` (with the last completed step). Launched as several
+    processes, each runs this with the same arguments and `run_dir` on a shared file system;
+    `process_timeout_s` bounds how long one waits for the others at a stage."""
     os.makedirs(run_dir, exist_ok=True)
     cache_dir = cache_dir or run_dir
     os.makedirs(cache_dir, exist_ok=True)
     if compile_cache:  # later runs (and --resume) skip most XLA compilation
         jax.config.update("jax_compilation_cache_dir", compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    check_single_process()
+    check_processes(cfg)
     try:
-        devices = Topology.of(jax.devices(), cfg.topology.devices,
-                              cfg.topology.rollout_tensor).devices
+        topology = Topology.of(jax.devices(), cfg.topology.devices, cfg.topology.rollout_tensor)
     except ValueError as e:
         raise ValueError(f"{e} (on CPU set --devices before jax starts)") from None
+    devices = topology.devices
+    # Process 0 writes the run's files; every process takes part in checkpoints.
+    leader = jax.process_index() == 0
+    decisions = Decisions(run_id="run", timeout_s=process_timeout_s)
     # A layout that does not divide the model or fit is refused before anything is built.
     layout.initial_partition(cfg, layout.job_memory(cfg, model_config_of(cfg),
                                                     layout.capacity_bytes(cfg, devices)),
                              cfg.topology.devices)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=1, default=str)
-    writer = MetricsWriter(run_dir, enabled=jax.process_index() == 0)
+    if leader:
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=1, default=str)
+    writer = MetricsWriter(run_dir, enabled=leader)
     trace = TraceRecorder()
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), max_to_keep=cfg.keep_checkpoints)
+    # The leader builds the tokenizer and warm start on its own devices into the (shared)
+    # cache; the others then read them from there.
+    sft_devices = [d for rank in topology.local_ranks(0) for d in rank]
     try:
-        tokenizer, model_config, params, sft_s = warm_start(cfg, cache_dir, devices, writer,
-                                                            stop)
+        if leader:
+            tokenizer, model_config, params, sft_s = warm_start(cfg, cache_dir, sft_devices,
+                                                                writer, stop)
+        decisions.barrier("warm_start", timeout_s=WARM_START_TIMEOUT_S)
+        if not leader:
+            tokenizer, model_config, params, sft_s = warm_start(cfg, cache_dir, sft_devices,
+                                                                writer, stop)
     except BaseException:
         writer.close()
         raise
@@ -264,7 +284,8 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
                   rollout=rollout)
 
     controller = Controller(cfg, model_config, params, tokenizer, make_pool(cfg), devices,
-                            writer, trace, checkpoint, progress=None, stop=stop)
+                            writer, trace, checkpoint, progress=None, stop=stop,
+                            decisions=decisions)
     state, start_step, rollout = None, 0, None
     if resume and ckpt.latest_step() is not None:
         partition = controller.initial_partition()
@@ -280,20 +301,21 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
         except CheckpointError as e:
             log.warning("no usable checkpoint (%s); starting from the warm start", e)
     try:
-        summary = _run_with_progress(controller, state, start_step, cfg, show_progress,
-                                     rollout)
+        summary = _run_with_progress(controller, state, start_step, cfg,
+                                     show_progress and leader, rollout)
     except BaseException:
         writer.close()  # the metrics of the steps that did finish stay readable
         raise
     finally:  # a failing run still leaves its last checkpoint whole on disk
         ckpt.wait()
         ckpt.close()
-    trace.save(os.path.join(run_dir, "trace.json"))
-    save_plots(summary.records, summary.eval, os.path.join(run_dir, "plots.png"))
     writer.close()
     out = summary_dict(summary) | {"sft_seconds": sft_s, "run_dir": run_dir}
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(out, f, indent=1, default=float)
+    if leader:
+        trace.save(os.path.join(run_dir, "trace.json"))
+        save_plots(summary.records, summary.eval, os.path.join(run_dir, "plots.png"))
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(out, f, indent=1, default=float)
     if summary.stopped_by is not None:
         raise RunStopped(summary.stopped_by, start_step + summary.steps)
     return out

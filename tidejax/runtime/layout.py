@@ -11,6 +11,8 @@ model is asked in devices.
 
 from __future__ import annotations
 
+import jax
+
 from tidejax.config import RunConfig
 from tidejax.models.config import ModelConfig
 from tidejax.rl.trainer import resolve_remat
@@ -33,7 +35,9 @@ def capacity_bytes(cfg: RunConfig, devices) -> float:
     if cfg.device_memory_gib is not None:
         total = cfg.device_memory_gib * memory.GIB
     else:
-        reported = [device_memory_bytes(d) for d in devices]
+        # Hosts are alike; a process can read only its own devices' memory.
+        reported = [device_memory_bytes(d) for d in devices
+                    if d.process_index == jax.process_index()]
         if any(r is None for r in reported):
             return memory.UNBOUNDED_BYTES
         total = min(reported)

@@ -17,6 +17,10 @@ the checkpoint's metadata. On `--resume`:
 - drop records ("dropped with reason") carry over, so the run's record stays complete.
 
 Evaluation tasks are not kept: a resumed run evaluates its starting version again.
+
+A run of several processes keeps one snapshot per process, each with that process's data
+cursor (`combine`); each resumed process restores its own, and a run resumed on fewer
+processes re-homes the missing ones' groups (`assigned`).
 """
 
 from __future__ import annotations
@@ -117,5 +121,19 @@ def restore(snap: dict[str, Any] | None, manager: RolloutManager,
     n = counts(snap)
     for key in ("restarted_tasks", "requeued_tasks"):
         manager.counters[key] = manager.counters.get(key, 0) + n[key]
-    manager.counters["restored_ready_groups"] = n["ready_groups"]
+    manager.counters["restored_ready_groups"] = (manager.counters.get("restored_ready_groups", 0)
+                                                 + n["ready_groups"])
     return n
+
+
+def combine(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """One checkpoint's rollout from every process's snapshot (a single process's as is)."""
+    return snapshots[0] if len(snapshots) == 1 else {"hosts": snapshots}
+
+
+def assigned(rollout: dict[str, Any] | None, process: int, processes: int
+             ) -> list[dict[str, Any]]:
+    """The snapshots process `process` of `processes` restores: its own, and when fewer
+    processes resume than saved, those of the ones now missing (their tasks re-homed)."""
+    snapshots = [] if not rollout else rollout.get("hosts", [rollout])
+    return [snap for i, snap in enumerate(snapshots) if i % processes == process]

@@ -30,7 +30,7 @@ import numpy as np
 from tidejax.metrics import TraceRecorder
 from tidejax.models.config import ModelConfig
 from tidejax.models.model import cast_floating
-from tidejax.models.sharding import make_mesh
+from tidejax.models.sharding import make_mesh, reshard
 from tidejax.rl.batch import Batch, Trajectory, build_batch, loss_denominator
 from tidejax.rl.config import RLConfig
 from tidejax.rl.state import TrainState
@@ -106,7 +106,7 @@ class TrainerRunner:
                 self.ref_params_host)
         if state is None:
             return None
-        return jax.device_put(state, self.actor.state_shardings)
+        return reshard(state, self.actor.state_shardings)
 
     # ------------------------------------------------------------------ batching
     def micro_batches(self, trajectories: Sequence[Trajectory], advantages: Sequence[float],
