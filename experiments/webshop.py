@@ -49,6 +49,7 @@ from tidejax.runtime.job import check_processes, run_job, warm_start  # noqa: E4
 from tidejax.runtime.layout import LayoutError  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
+from tidejax.runtime.systems import SYSTEMS  # noqa: E402
 
 # `--quick`: a few short steps on the same code paths (CI smoke runs). A preset, so the
 # config file and explicit flags override it field by field.
@@ -138,7 +139,7 @@ def outputs_line(run_dir: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="GRPO on WebShop under tidejax scheduling")
-    parser.add_argument("--system", choices=("sync", "async", "stream", "tide"))
+    parser.add_argument("--system", choices=tuple(SYSTEMS))
     parser.add_argument("--steps", type=int)
     parser.add_argument("--preset", help="model preset (tiny, qwen2.5-0.5b, ..., qwen2.5-14b)")
     parser.add_argument("--hf-path", dest="hf_path", help="HF Qwen2 checkpoint directory")

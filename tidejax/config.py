@@ -23,9 +23,9 @@ from tidejax.envs.webshop import WebShopConfig
 from tidejax.envs.webshop_catalogue import CatalogueConfig
 from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
 from tidejax.runtime.config import RolloutConfig
+from tidejax.runtime.systems import SYSTEMS
 from tidejax.serving.config import EngineConfig
 
-SYSTEMS = ("sync", "async", "stream", "tide")
 # The default job's WebShop demonstrator buys without the instruction's options in half of
 # its demonstrations: the warm start then chooses options about half the time, and GRPO
 # has a decision to learn from the reward (WebShop's imitation agents fail the same way).
@@ -193,7 +193,8 @@ class RunConfig:
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
-            raise ValueError(f"RunConfig.system must be one of {SYSTEMS}, got {self.system!r}")
+            raise ValueError(f"RunConfig.system must be one of {tuple(SYSTEMS)}, "
+                             f"got {self.system!r}")
         for name in ("steps", "group_size", "batch_groups", "min_batch_groups", "max_turns",
                      "eval_groups", "eval_samples", "micro_batch_tokens", "row_len",
                      "keep_checkpoints", "tokenizer_vocab"):
@@ -234,7 +235,7 @@ class RunConfig:
         if self.micro_batch_tokens < self.row_len:
             raise ValueError(f"RunConfig.micro_batch_tokens ({self.micro_batch_tokens}) must be "
                              f">= row_len ({self.row_len})")
-        if self.topology.ranks == 1 and self.system != "sync":
+        if self.topology.ranks == 1 and not SYSTEMS[self.system].phased:
             raise ValueError(f"RunConfig.system {self.system!r} needs separate rollout and "
                              f"trainer devices; with one device (topology.devices) only "
                              f"\"sync\" runs, rollout and training taking turns on it")

@@ -8,17 +8,20 @@ Threads and tasks:
   env results and turn completions while the actor computes;
 - the `GlobalBuffer` joins rollout (producer) and trainer (consumer).
 
-One step of the asynchronous systems: wait for a batch in the buffer (TWT), take it, run
-the RA2P update on the trainer submesh; then, at the post-update boundary, ERS plans the
-next partition (tide only), the controller closes/opens rollout ranks (tasks of a closed
-rank are re-homed by CTB and re-prefilled with the new weights), places the actor and
-reference on their new submeshes (`jax.device_put` onto new `NamedSharding`s), pushes the
-new weights to every rollout rank device to device (the trainer casts them to the compute
-dtype on its own mesh, each rank copies them onto its devices and flushes its KV:
-old-policy cache is invalid; a closed rank's engine frees its weights and KV),
-queues evaluation tasks for the version just trained (they run during the next step and
-report against that version) and checkpoints. `sync` instead alternates phases: roll out
-exactly one batch with every device, then train on every device.
+One step is a sequence of named stages (`Controller.run`), each either decided by the
+leader (process 0, `runtime/cluster.py`) and broadcast, or a collective every process runs
+in the same order:
+- wait for the batch (TWT; the leader decides how many groups each host's buffer gives);
+- train: one RA2P update on the trainer submesh (`TrainerRunner.step`);
+- boundary: evaluate (the leader says when the pending evaluation is over); plan (ERS,
+  elastic systems only, made by the leader from every host's rollout signals); reshard
+  (close/open rollout ranks: tasks of a closed rank are re-homed by CTB and re-prefilled
+  with the new weights; place the actor and reference on their new submeshes); sync (the
+  trainer casts the new weights to the compute dtype on its own mesh, each rank copies
+  them onto its devices and flushes its KV: old-policy cache is invalid); queue the
+  evaluation of the version just trained (it runs during the next step); checkpoint.
+What a system does differently is data (`runtime/systems.py`): `sync` is phased (roll out
+exactly one batch with every device, then train), only `tide` is elastic and pins KV.
 
 Checkpoints and resume: the checkpoint hook gets, besides the TrainState, a rollout snapshot
 (`tidejax.runtime.resume`) taken on the loop thread at the boundary: ready groups and
@@ -55,7 +58,6 @@ from tidejax.envs import make_tasks
 from tidejax.metrics import GoodputMeter, MetricsWriter, TraceRecorder
 from tidejax.models.config import ModelConfig
 from tidejax.models.tokenizer import Tokenizer
-from tidejax.rl.batch import loss_denominator
 from tidejax.rl.state import TrainState
 from tidejax.runtime import layout, resume
 from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
@@ -64,12 +66,15 @@ from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.records import GroupPayload
 from tidejax.runtime.rollout import RolloutWorker
 from tidejax.runtime.stop import StopRequest
+from tidejax.runtime.systems import SYSTEMS
 from tidejax.runtime.topology import Topology
-from tidejax.runtime.trainer_runner import TrainerRunner
+from tidejax.runtime.trainer_runner import StepReport, TrainerRunner
 from tidejax.sched import ers, ra2p
 from tidejax.serving.engine import make_engine
 
 log = logging.getLogger(__name__)
+
+NO_ARRIVALS_S = 1e9  # the seconds between arrivals ERS reads when none arrived last step
 
 
 def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
@@ -114,6 +119,42 @@ def plan_from_json(value: dict) -> ers.Plan:
     return ers.Plan(ers.Partition(rollout=rollout, actor=actor, ref=ref),
                     ra2p.Mode(value["mode"]), value["batch_groups"], value["retain"],
                     value["reason"], value["pressure"])
+
+
+def combine_rollout_digests(digests: list[dict]) -> dict:
+    """Every host's rollout signals as one rollout's: ready work and drops add up, groups
+    arrive at the sum of the hosts' rates, the oldest ready group is the oldest anywhere,
+    and idleness is the hosts' mean (each host has as many ranks)."""
+    if len(digests) == 1:
+        return digests[0]
+    rates = [1.0 / d["tprm_s"] if d["tprm_s"] > 0 else math.inf for d in digests
+             if d["tprm_s"] < NO_ARRIVALS_S]
+    return {"ready_tokens": sum(d["ready_tokens"] for d in digests),
+            "ready_groups": sum(d["ready_groups"] for d in digests),
+            "tprm_s": 1.0 / sum(rates) if rates else NO_ARRIVALS_S,
+            "hol_s": max(d["hol_s"] for d in digests),
+            "dropped_groups": sum(d["dropped_groups"] for d in digests),
+            "idle_frac": float(np.mean([d["idle_frac"] for d in digests]))}
+
+
+@dataclasses.dataclass
+class _Loop:
+    """What the control loop carries from one step to the next."""
+    state: TrainState
+    partition: ers.Partition
+    plan: ers.Plan  # the last ERS plan (elastic systems), else the initial one
+    completed: int  # the last step whose update finished
+    eval_pending: int | None = None  # the version whose evaluation is running
+    cold: bool = True  # no plan made yet
+    stop_signal: int | None = None  # agreed by every process
+
+
+@dataclasses.dataclass
+class _Batch:
+    groups: list[ReadyGroup]  # every host's, sorted by group id
+    local_groups: int  # how many of them came from this process's buffer
+    twt_s: float  # seconds the trainer waited for them
+    filtered: int  # dynamic sampling: all-equal-reward groups dropped meanwhile
 
 
 @dataclasses.dataclass
@@ -194,12 +235,11 @@ class Controller:
         # resume the restored policy's compute copy (device). Later ranks copy a live one.
         self.params_host = jax.device_get(params)
         self.first_rollout_weights = self.params_host
-        self.system = cfg.system
-        bound = 0 if cfg.system == "sync" else cfg.rollout.staleness_bound
-        scheduler = "ctb" if cfg.system == "tide" else "request"
+        self.spec = SYSTEMS[cfg.system]
+        bound = self.spec.staleness_bound(cfg.rollout.staleness_bound)
         # Each host fills its share of a batch (and of the staleness quota).
         self.host_batch_groups = math.ceil(cfg.batch_groups / self.hosts)
-        self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=scheduler,
+        self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=self.spec.scheduler,
                                                   staleness_bound=bound,
                                                   batch_groups=self.host_batch_groups)
         self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens,
@@ -217,7 +257,6 @@ class Controller:
                                             layout.capacity_bytes(cfg, self.devices))
         self.ers_config = layout.ers_config(cfg, self.job_memory, cfg.topology.devices)
         self._step_times: list[float] = []
-        self._last_costs: ra2p.Ra2pCosts | None = None
         self._since_move = 1 << 30  # boundaries since ERS last changed the partition
         self._move_s = 0.0  # measured seconds of the last partition change
         self._stale_in_step = 0  # groups dropped as stale during the current step
@@ -236,7 +275,7 @@ class Controller:
                 layout.sync_trainer_devices(self.cfg, devices) // self.cfg.topology.rollout_tensor)
 
     def _roles(self, partition: ers.Partition):
-        if self.system == "sync":
+        if self.spec.phased:
             # Phases share the devices: every rank rolls out; training uses the same number
             # of devices as the asynchronous trainers, so no system gets a bigger trainer
             # (on fake CPU devices a wider FSDP mesh only adds collectives).
@@ -266,7 +305,7 @@ class Controller:
         engine = self._engines[rank] = make_engine(self.model_config, weights, rank_devices,
                                                    self.cfg.engine)
         track = "dev:" + ",".join(str(d.id) for d in rank_devices)
-        return RolloutWorker(rank, engine, pin_after_turn=self.system == "tide",
+        return RolloutWorker(rank, engine, pin_after_turn=self.spec.pins_kv,
                              version=version, trace=self.trace, track=track)
 
     async def _apply_partition(self, partition: ers.Partition, manager: RolloutManager,
@@ -415,7 +454,7 @@ class Controller:
             mine = self.stop.signum if self._stopping() else None
             decision = self.decisions.decide_from(
                 "batch", {"ready": ready, "stop": mine},
-                lambda digests: batch_shares(digests, target, take_all=self.system == "sync"))
+                lambda digests: batch_shares(digests, target, take_all=self.spec.phased))
             if "stop" in decision:
                 return decision["stop"]
             if "take" in decision:
@@ -438,8 +477,37 @@ class Controller:
     async def run(self, state: TrainState | None = None, start_step: int = 0,
                   evaluate_initial: bool = True,
                   rollout: dict | None = None) -> RunSummary:
-        """Run steps `start_step..cfg.steps`; `state` and `rollout` come from a checkpoint
-        (`rollout`: its `tidejax.runtime.resume` snapshot) when resuming."""
+        """Train from `start_step` to `cfg.steps`. Each step is a sequence of stages, every
+        one either decided by the leader (process 0) and broadcast, or a collective every
+        process runs in the same order: wait for the batch (leader: each host's share) ->
+        train (collective) -> boundary: evaluate (leader: when it is over) -> plan (leader,
+        elastic systems) -> reshard (collective) -> sync weights (collective) -> checkpoint
+        (collective)."""
+        loop = await self._start(state, start_step, evaluate_initial, rollout)
+        manager = self.manager
+        try:
+            for step in range(start_step, self.cfg.steps):
+                step_start = time.perf_counter()
+                busy_before = {r: w.stats.busy_s for r, w in manager.workers.items()}
+                batch = await self._stage_batch(loop, step_start)
+                if batch is None:
+                    break  # a stop came first: nothing of this step was trained
+                report, train_s = await self._stage_train(loop, batch)
+                loop.completed = step + 1
+                sync_s = await self._stage_boundary(loop, batch, report, train_s)
+                self._record_step(loop, batch, report, dict(
+                    report.metrics, sync_s=sync_s, train_s=train_s), step_start, busy_before)
+            await self._stage_last(loop)
+        finally:
+            await manager.aclose()
+            for worker in list(manager.workers.values()):
+                worker.stop()
+        return self._summary(loop)
+
+    async def _start(self, state: TrainState | None, start_step: int, evaluate_initial: bool,
+                     rollout: dict | None) -> _Loop:
+        """Open the first partition, restore the rollout snapshot, and queue the first
+        evaluation."""
         cfg = self.cfg
         partition = self.initial_partition()
         manager = RolloutManager(self.rollout_config, {}, self.pool, self.tokenizer, self.buffer,
@@ -464,195 +532,202 @@ class Controller:
             state = await asyncio.to_thread(self.runner.actor.init_state, cfg.seed,
                                             self.params_host)
         self.meter = GoodputMeter()
-        if evaluate_initial and cfg.eval_every:
+        evaluate = evaluate_initial and bool(cfg.eval_every)
+        if evaluate:
             self._queue_eval(manager)
-        eval_pending = self.version if (evaluate_initial and cfg.eval_every) else None
-        cold = True
-        plan = ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False, "initial")
-        completed = start_step  # the last step whose update finished
-        stop_signal = None  # agreed by every process
-        try:
-            for step in range(start_step, cfg.steps):
-                stop_signal = self._agreed_stop("step")
-                if stop_signal is not None:
-                    break
-                step_start = time.perf_counter()
-                busy_before = {r: w.stats.busy_s for r, w in manager.workers.items()}
-                if self.system == "sync":
-                    if not await self._sync_rollout(manager):
-                        stop_signal = self.stop.signum
-                        break  # abandon the step: nothing was trained yet
-                else:
-                    self._top_up(manager)
-                self.buffer.begin_step()
-                wait_start = time.perf_counter()
-                target = plan.batch_groups if self.system == "tide" else cfg.batch_groups
-                batch = await self._wait_batch(manager, target)
-                if not isinstance(batch, tuple):
-                    stop_signal = batch
-                    break  # abandon the step while it waits for its batch
-                groups, local_groups = batch
-                twt = time.perf_counter() - wait_start if self.system != "sync" else (
-                    time.perf_counter() - step_start)
-                filtered = manager.filtered_since_consumed
-                # what wait_for/take dropped as stale
-                self._stale_in_step += return_stale_slots(self.buffer, manager)
-                payloads: list[GroupPayload] = [g.payload for g in groups]
-                trajectories = [t for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
-                advantages = [a for p in payloads for a, k in zip(p.advantages, p.keep) if k]
-                mode = {"sync": "colocated", "async": "colocated", "stream": "alternating",
-                        "tide": plan.mode.value}[self.system]
-                train_start = time.perf_counter()
-                t0 = self.trace.now_us()
-                if trajectories:
-                    state, timings, metrics = await asyncio.to_thread(
-                        self._update, state, trajectories, advantages, mode)
-                    self.runner.record_trace(timings["mode"], t0, timings["micro_batches"])
-                else:
-                    timings, metrics = {"mode": mode, "micro_batches": 0, "ref_s": 0.0,
-                                        "swap_s": 0.0}, {}
-                train_s = time.perf_counter() - train_start
-                consumed = sum(g.generated_tokens for g in groups)
-                self.meter.add_consumed(consumed)
-                self.version += 1
-                completed = step + 1
-                # ---- post-update boundary
-                if eval_pending is not None:
-                    await self._wait_eval(manager, eval_pending)
-                    if not self._stopping():
-                        self._report_eval(manager, eval_pending, step)
-                    eval_pending = None
-                if self.system == "tide":
-                    plan = self._agreed_plan(manager, partition, train_s, timings, twt,
-                                             len(groups), cold, plan)
-                    cold = False
-                    self._since_move += 1
-                    if plan.partition != partition:
-                        partition = plan.partition
-                        move_start = time.perf_counter()
-                        state = await self._apply_partition(partition, manager, state)
-                        self._move_s = time.perf_counter() - move_start
-                        self._since_move = 0
-                self._stale_in_step = 0
-                sync_s = await self._sync_weights(manager, state)
-                # The taken groups' quota slots come back only now that rollout runs the new
-                # version: a group admitted during the update would otherwise start on the
-                # old weights yet be consumed a whole batch later, one version past the bound
-                # (AReaL's N_submitted <= (i + eta + 1) * B counts i in rollout versions).
-                manager.consumed(local_groups)
-                if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-                    self._queue_eval(manager)
-                    eval_pending = self.version
-                if self.checkpoint and cfg.checkpoint_every and (
-                        (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                    await self._save(step + 1, state, manager)
-                step_s = time.perf_counter() - step_start
-                self._step_times.append(step_s)
-                rwt = self._rwt(manager, busy_before, step_s)
-                record = StepRecord(
-                    step=step + 1, version=self.version, mode=timings["mode"],
-                    partition=(partition.rollout, partition.ref, partition.actor)
-                    if self.system != "sync" else self._sync_partition(),
-                    batch_groups=len(groups), filtered_groups=filtered,
-                    consumed_tokens=consumed,
-                    train_reward=float(np.mean([t.reward for t in trajectories]))
-                    if trajectories else 0.0,
-                    train_success=self._success(payloads), twt_s=twt, rwt_s=rwt,
-                    step_s=step_s, goodput=self.meter.goodput(),
-                    kv_hit_rate=manager.hit_rate(), reason=plan.reason if self.system == "tide"
-                    else self.system, loss=dict(metrics, sync_s=sync_s, train_s=train_s))
-                self.records.append(record)
-                if self.hosts > 1:  # what every process must agree on, for comparing logs
-                    log.info("step %d digest: version=%d partition=%s actor_processes=%s "
-                             "micro_batches=%d groups=%s", record.step, record.version,
-                             record.partition,
-                             sorted({d.process_index for d in self.runner.actor_devices}),
-                             timings["micro_batches"], ",".join(g.group_id for g in groups))
-                if self.writer:
-                    self.writer.write(record.step, "step", {
-                        k: v for k, v in dataclasses.asdict(record).items() if k != "loss"}
-                        | {f"loss/{k}": v for k, v in record.loss.items()}
-                        | env_metrics(self.pool))
-                if self.progress:
-                    self.progress(record)
-            if stop_signal is not None and completed < cfg.steps:
-                log.info("stopping after step %d of %d", completed, cfg.steps)
-                if self.checkpoint and self._saved_step != completed:
-                    await self._save(completed, state, manager)
-            elif eval_pending is not None:
-                await self._wait_eval(manager, eval_pending)
-                if not self._stopping():  # a stop after the last update skips only this
-                    self._report_eval(manager, eval_pending, cfg.steps)
-        finally:
-            await manager.aclose()
-            for worker in list(manager.workers.values()):
-                worker.stop()
-        generated = manager.counters["generated_tokens"]
-        dropped = sum(d.generated_tokens for d in self.buffer.dropped)
+        return _Loop(state=state, partition=partition,
+                     plan=ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False,
+                                   "initial"),
+                     completed=start_step, eval_pending=self.version if evaluate else None)
+
+    async def _stage_batch(self, loop: _Loop, step_start: float) -> _Batch | None:
+        """Stage "wait for batch" (leader-decided): the step's groups from every host; None,
+        with `loop.stop_signal` set, if a stop came first."""
+        manager = self.manager
+        loop.stop_signal = self._agreed_stop("step")
+        if loop.stop_signal is not None:
+            return None
+        if self.spec.phased:
+            if not await self._sync_rollout(manager):
+                loop.stop_signal = self.stop.signum
+                return None
+        else:
+            self._top_up(manager)
+        self.buffer.begin_step()
+        wait_start = time.perf_counter()
+        target = loop.plan.batch_groups if self.spec.elastic else self.cfg.batch_groups
+        taken = await self._wait_batch(manager, target)
+        if not isinstance(taken, tuple):
+            loop.stop_signal = taken
+            return None
+        groups, local_groups = taken
+        # A phased system's trainer waited for the whole rollout phase.
+        twt = time.perf_counter() - (step_start if self.spec.phased else wait_start)
+        filtered = manager.filtered_since_consumed
+        self._stale_in_step += return_stale_slots(self.buffer, manager)  # dropped by take
+        return _Batch(groups=groups, local_groups=local_groups, twt_s=twt, filtered=filtered)
+
+    async def _stage_train(self, loop: _Loop, batch: _Batch) -> tuple[StepReport, float]:
+        """Stage "train" (collective): one update from the batch's kept trajectories."""
+        payloads = [g.payload for g in batch.groups]
+        trajectories = [t for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
+        advantages = [a for p in payloads for a, k in zip(p.advantages, p.keep) if k]
+        mode = self.spec.trainer_mode or loop.plan.mode.value
+        start = time.perf_counter()
+        if trajectories:
+            loop.state, report = await asyncio.to_thread(
+                self.runner.step, loop.state, trajectories, advantages, mode)
+        else:  # every group of the batch was filtered: nothing to learn from
+            report = StepReport(mode=mode, micro_batches=0, sequences=0, tokens=0,
+                                generated_tokens=0, seconds=0.0, ref_seconds=0.0,
+                                swap_seconds=0.0, metrics={})
+        self.meter.add_consumed(sum(g.generated_tokens for g in batch.groups))
+        self.version += 1
+        return report, time.perf_counter() - start
+
+    async def _stage_boundary(self, loop: _Loop, batch: _Batch, report: StepReport,
+                              train_s: float) -> float:
+        """The post-update boundary: evaluate, plan, reshard, sync, checkpoint. Returns the
+        seconds the weight sync took."""
+        cfg, manager, step = self.cfg, self.manager, loop.completed
+        if loop.eval_pending is not None:  # evaluate (leader: when it is over)
+            await self._wait_eval(manager, loop.eval_pending)
+            if not self._stopping():
+                self._report_eval(manager, loop.eval_pending, step - 1)
+            loop.eval_pending = None
+        if self.spec.elastic:
+            loop.plan = self._agreed_plan(loop, report, train_s, batch)  # plan (leader)
+            loop.cold = False
+            self._since_move += 1
+            if loop.plan.partition != loop.partition:  # reshard (collective)
+                loop.partition = loop.plan.partition
+                move_start = time.perf_counter()
+                loop.state = await self._apply_partition(loop.partition, manager, loop.state)
+                self._move_s = time.perf_counter() - move_start
+                self._since_move = 0
+        self._stale_in_step = 0
+        sync_s = await self._sync_weights(manager, loop.state)  # sync (collective)
+        # The taken groups' quota slots come back only now that rollout runs the new
+        # version: a group admitted during the update would otherwise start on the old
+        # weights yet be consumed a whole batch later, one version past the bound (AReaL's
+        # N_submitted <= (i + eta + 1) * B counts i in rollout versions).
+        manager.consumed(batch.local_groups)
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            self._queue_eval(manager)
+            loop.eval_pending = self.version
+        if self.checkpoint and cfg.checkpoint_every and (
+                step % cfg.checkpoint_every == 0 or step == cfg.steps):
+            await self._save(step, loop.state, manager)  # checkpoint (collective)
+        return sync_s
+
+    async def _stage_last(self, loop: _Loop) -> None:
+        """After the last step: checkpoint a stopped run, or report the last evaluation."""
+        cfg, manager = self.cfg, self.manager
+        if loop.stop_signal is not None and loop.completed < cfg.steps:
+            log.info("stopping after step %d of %d", loop.completed, cfg.steps)
+            if self.checkpoint and self._saved_step != loop.completed:
+                await self._save(loop.completed, loop.state, manager)
+        elif loop.eval_pending is not None:
+            await self._wait_eval(manager, loop.eval_pending)
+            if not self._stopping():  # a stop after the last update skips only this
+                self._report_eval(manager, loop.eval_pending, cfg.steps)
+
+    def _record_step(self, loop: _Loop, batch: _Batch, report: StepReport, loss: dict,
+                     step_start: float, busy_before: dict) -> None:
+        manager = self.manager
+        step_s = time.perf_counter() - step_start
+        self._step_times.append(step_s)
+        payloads = [g.payload for g in batch.groups]
+        rewards = [t.reward for p in payloads for t, k in zip(p.trajectories, p.keep) if k]
+        partition = loop.partition
+        record = StepRecord(
+            step=loop.completed, version=self.version, mode=report.mode,
+            partition=self._sync_partition() if self.spec.phased
+            else (partition.rollout, partition.ref, partition.actor),
+            batch_groups=len(batch.groups), filtered_groups=batch.filtered,
+            consumed_tokens=sum(g.generated_tokens for g in batch.groups),
+            train_reward=float(np.mean(rewards)) if rewards else 0.0,
+            train_success=self._success(payloads), twt_s=batch.twt_s,
+            rwt_s=self._rwt(manager, busy_before, step_s), step_s=step_s,
+            goodput=self.meter.goodput(), kv_hit_rate=manager.hit_rate(),
+            reason=loop.plan.reason if self.spec.elastic else self.spec.name, loss=loss)
+        self.records.append(record)
+        if self.hosts > 1:  # what every process must agree on, for comparing logs
+            log.info("step %d digest: version=%d partition=%s actor_processes=%s "
+                     "micro_batches=%d groups=%s", record.step, record.version,
+                     record.partition,
+                     sorted({d.process_index for d in self.runner.actor_devices}),
+                     report.micro_batches, ",".join(g.group_id for g in batch.groups))
+        if self.writer:
+            self.writer.write(record.step, "step", {
+                k: v for k, v in dataclasses.asdict(record).items() if k != "loss"}
+                | {f"loss/{k}": v for k, v in record.loss.items()}
+                | env_metrics(self.pool))
+        if self.progress:
+            self.progress(record)
+
+    def _summary(self, loop: _Loop) -> RunSummary:
+        manager = self.manager
         return RunSummary(
-            system=self.system, steps=len(self.records), elapsed_s=self.meter.elapsed(),
+            system=self.spec.name, steps=len(self.records), elapsed_s=self.meter.elapsed(),
             goodput=self.meter.goodput(), consumed_tokens=self.meter.consumed,
-            generated_tokens=generated, dropped_tokens=dropped, kv_hit_rate=manager.hit_rate(),
+            generated_tokens=manager.counters["generated_tokens"],
+            dropped_tokens=sum(d.generated_tokens for d in self.buffer.dropped),
+            kv_hit_rate=manager.hit_rate(),
             twt_s=sum(r.twt_s for r in self.records), rwt_s=sum(r.rwt_s for r in self.records),
             eval={v: {k: x for k, x in dataclasses.asdict(t).items() if k != "transcripts"}
                   | {"reward": t.reward, "reward_se": t.reward_se}
                   for v, t in manager.eval_tallies.items()},
             records=self.records, counters=dict(manager.counters),
-            dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped], state=state,
-            stopped_by=stop_signal if completed < cfg.steps else None)
+            dropped_groups=[dataclasses.asdict(d) for d in self.buffer.dropped],
+            state=loop.state,
+            stopped_by=loop.stop_signal if loop.completed < self.cfg.steps else None)
 
-    def _update(self, state, trajectories, advantages, mode):
-        if self.system == "stream":
-            # StreamRL-like: every group is its own micro-batch stream, ref swapped per batch.
-            accum = self.runner.begin()
-            denom = loss_denominator(self.runner.micro_batches(trajectories, advantages,
-                                                               "colocated"),
-                                     self.cfg.rl.loss.loss_agg)
-            timings = {"mode": "alternating", "micro_batches": 0, "ref_s": 0.0, "swap_s": 0.0}
-            accum, t = self.runner.accumulate(state, accum, trajectories, advantages,
-                                              "alternating", denom)
-            for key in ("micro_batches", "ref_s", "swap_s"):
-                timings[key] += t[key]
-        else:
-            accum, timings = self.runner.accumulate(state, self.runner.begin(), trajectories,
-                                                    advantages, mode)
-        start = time.perf_counter()
-        state, metrics = self.runner.finish(state, accum)
-        timings["update_s"] = time.perf_counter() - start
-        return state, timings, metrics
-
-    def _agreed_plan(self, *signals) -> ers.Plan:
-        """ERS's plan for every process, made by the leader from its signals."""
-        return plan_from_json(self.decisions.decide(
-            "plan", lambda: plan_to_json(self._plan(*signals))))
-
-    def _plan(self, manager, partition, train_s, timings, twt, batch, cold,
-              last: ers.Plan) -> ers.Plan:
-        n_mb = max(1, timings["micro_batches"])
-        n_actor = max(1, partition.actor)
-        w_act = max(train_s - timings["ref_s"], 1e-6) * n_actor / n_mb
-        w_ref = max(timings["ref_s"] - timings["swap_s"], 1e-6) / n_mb if timings["ref_s"] else (
-            w_act / 3)  # ref forward ≈ 1/3 of actor fwd+bwd (2N vs 6N FLOPs) [D]
-        costs = ra2p.Ra2pCosts(w_act=w_act, w_ref=w_ref, t_swap=timings["swap_s"],
-                               n_actor=n_actor, n_ref=partition.ref)
+    # ------------------------------------------------------------------ ERS
+    def _rollout_digest(self) -> dict:
+        """This host's rollout signals for the leader's plan."""
         sig = self.buffer.signals()
+        last = self.records[-1] if self.records else None
+        return {"ready_tokens": sig.ready_tokens, "ready_groups": sig.ready_groups,
+                "tprm_s": min(sig.tprm_s, NO_ARRIVALS_S), "hol_s": sig.hol_latency_s,
+                "dropped_groups": self._stale_in_step,
+                "idle_frac": min(1.0, last.rwt_s / max(last.step_s, 1e-6)) if last else 0.0}
+
+    def _agreed_plan(self, loop: _Loop, report: StepReport, train_s: float,
+                     batch: _Batch) -> ers.Plan:
+        """ERS's plan for every process, made by the leader from every host's rollout
+        signals and the trainer's (alike on every host: it is one collective)."""
+        return plan_from_json(self.decisions.decide_from(
+            "plan", self._rollout_digest(), lambda digests: plan_to_json(self._plan(
+                combine_rollout_digests(digests), loop, report, train_s, batch))))
+
+    def _plan(self, rollout: dict, loop: _Loop, report: StepReport, train_s: float,
+              batch: _Batch) -> ers.Plan:
+        partition, last = loop.partition, loop.plan
+        n_mb = max(1, report.micro_batches)
+        n_actor = max(1, partition.actor)
+        w_act = max(train_s - report.ref_seconds, 1e-6) * n_actor / n_mb
+        w_ref = (max(report.ref_seconds - report.swap_seconds, 1e-6) / n_mb
+                 if report.ref_seconds else w_act / 3)  # ref fwd ≈ 1/3 of fwd+bwd (2N vs 6N)
+        costs = ra2p.Ra2pCosts(w_act=w_act, w_ref=w_ref, t_swap=report.swap_seconds,
+                               n_actor=n_actor, n_ref=partition.ref)
         last_record = self.records[-1] if self.records else None
         step_avg = float(np.mean(self._step_times)) if self._step_times else train_s
         signals = ers.Signals(
-            ras_mb=int(sig.ready_tokens // self.cfg.micro_batch_tokens),
-            ready_groups=sig.ready_groups, tprm_s=min(sig.tprm_s, 1e9), hol_s=sig.hol_latency_s,
-            t_step_s=step_avg, mb_per_step=n_mb, costs=costs, prev_batch=batch,
-            twt_frac=min(1.0, twt / max(step_avg, 1e-6)), cold_start=cold,
-            eval_phase=False, rollout_scaled_down=bool(self.records) and partition.rollout <
-            (self.records[-1].partition[0] if self.records else partition.rollout),
+            ras_mb=int(rollout["ready_tokens"] // self.cfg.micro_batch_tokens),
+            ready_groups=rollout["ready_groups"], tprm_s=rollout["tprm_s"],
+            hol_s=rollout["hol_s"], t_step_s=step_avg, mb_per_step=n_mb, costs=costs,
+            prev_batch=len(batch.groups), twt_frac=min(1.0, batch.twt_s / max(step_avg, 1e-6)),
+            cold_start=loop.cold, eval_phase=False,
+            rollout_scaled_down=last_record is not None
+            and partition.rollout < last_record.partition[0],
             # what the previous plan saw and did, measured: its deficit (hysteresis), how
             # long since a move, the share of the last whole step rollout ranks idled, what
             # a move cost when one was last made, and groups that arrived too stale
             last_pressure=last.pressure, since_move=min(self._since_move, 1 << 30),
-            rollout_idle_frac=min(1.0, last_record.rwt_s / max(last_record.step_s, 1e-6))
-            if last_record else 0.0,
+            rollout_idle_frac=rollout["idle_frac"],
             last_step_s=last_record.step_s if last_record else train_s,
-            move_cost_s=self._move_s, dropped_groups=self._stale_in_step)
+            move_cost_s=self._move_s, dropped_groups=rollout["dropped_groups"])
         return ers.plan(signals, partition, self.ers_config)
 
     def _rwt(self, manager, busy_before, step_s) -> float:

@@ -34,6 +34,7 @@ from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action
 from tidejax.runtime.layout import LayoutError
 from tidejax.runtime.sft import sft_warm_start
 from tidejax.runtime.stop import RunStopped, StopRequest
+from tidejax.runtime.systems import SYSTEMS
 from tidejax.runtime.topology import Topology
 
 log = logging.getLogger("tidejax.job")
@@ -219,7 +220,7 @@ def check_processes(cfg: RunConfig, sft_only: bool = False) -> None:
     if sft_only:
         raise LayoutError("--sft-only builds a warm start on one process's devices; run it as "
                           "one process")
-    if cfg.system == "sync":
+    if SYSTEMS[cfg.system].phased:
         # Sync's rollout phase waits for every group of the batch on one buffer; its
         # multi-process form (each host its share, then the batch) is not built yet.
         raise LayoutError(f"system 'sync' runs as one process ({jax.process_count()} were "

@@ -16,6 +16,7 @@ import jax
 from tidejax.config import RunConfig
 from tidejax.models.config import ModelConfig
 from tidejax.rl.trainer import resolve_remat
+from tidejax.runtime.systems import SYSTEMS
 from tidejax.sched import ers, memory
 
 
@@ -107,11 +108,12 @@ def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers
     cannot run."""
     t = cfg.topology
     k, ranks = t.rollout_tensor, devices // t.rollout_tensor
-    if cfg.system == "sync":
+    spec = SYSTEMS[cfg.system]
+    if spec.phased:
         # Phases share every device: engines stay up while the trainer runs beside them.
         check_shared(jm, sync_trainer_devices(cfg, devices), "topology.rollout_ranks")
         return ers.Partition(rollout=ranks, actor=ranks)
-    if cfg.system == "tide":
+    if spec.elastic:
         bounds = ers_config(cfg, jm, devices)
         if not bounds.actor_sizes:  # no actor mesh ERS could choose: say why the largest
             # one that divides the model fails (or, if none divides, the largest)

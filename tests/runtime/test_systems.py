@@ -1,0 +1,48 @@
+"""The system specs the control loop reads, and how the leader combines hosts' signals."""
+
+import pytest
+
+from tidejax.config import RunConfig
+from tidejax.runtime.controller import NO_ARRIVALS_S, combine_rollout_digests
+from tidejax.runtime.systems import SYSTEMS
+
+
+def test_each_system_is_what_its_name_says():
+    assert SYSTEMS["sync"].phased and SYSTEMS["sync"].staleness_bound(2) == 0
+    assert [name for name, s in SYSTEMS.items() if s.elastic] == ["tide"]
+    assert [name for name, s in SYSTEMS.items() if s.pins_kv] == ["tide"]
+    assert SYSTEMS["stream"].trainer_mode == "alternating"
+    assert SYSTEMS["async"].staleness_bound(2) == 2
+    assert SYSTEMS["tide"].trainer_mode is None  # RA2P's plan chooses
+
+
+def test_config_refuses_an_unknown_system_naming_the_field():
+    with pytest.raises(ValueError, match="RunConfig.system"):
+        RunConfig(system="areal")
+
+
+def test_one_host_digest_is_the_plan_input_unchanged():
+    digest = {"ready_tokens": 700, "ready_groups": 3, "tprm_s": 0.3, "hol_s": 1.5,
+              "dropped_groups": 1, "idle_frac": 0.25}
+    assert combine_rollout_digests([digest]) == digest
+
+
+def test_two_hosts_digests_combine_as_one_rollout():
+    a = {"ready_tokens": 700, "ready_groups": 3, "tprm_s": 2.0, "hol_s": 1.5,
+         "dropped_groups": 1, "idle_frac": 0.2}
+    b = {"ready_tokens": 300, "ready_groups": 1, "tprm_s": 2.0, "hol_s": 4.0,
+         "dropped_groups": 0, "idle_frac": 0.6}
+    combined = combine_rollout_digests([a, b])
+    # A micro-batch every 2 s on each host: one every second between them.
+    assert combined["tprm_s"] == pytest.approx(1.0)
+    assert combined == {"ready_tokens": 1000, "ready_groups": 4, "tprm_s": combined["tprm_s"],
+                        "hol_s": 4.0, "dropped_groups": 1,
+                        "idle_frac": pytest.approx(0.4)}
+
+
+def test_a_host_with_no_arrivals_adds_no_rate():
+    none_arrived = {"ready_tokens": 0, "ready_groups": 0, "tprm_s": NO_ARRIVALS_S, "hol_s": 0.0,
+                    "dropped_groups": 0, "idle_frac": 1.0}
+    busy = dict(none_arrived, tprm_s=0.5, idle_frac=0.0)
+    assert combine_rollout_digests([none_arrived, busy])["tprm_s"] == pytest.approx(0.5)
+    assert combine_rollout_digests([none_arrived, none_arrived])["tprm_s"] == NO_ARRIVALS_S
