@@ -332,13 +332,21 @@ class Controller:
                 f"no rollout rank left to serve (quarantined: {sorted(manager.quarantined)})")
             raise manager.failure
         if tuple(actor) != self.runner.actor_devices or tuple(ref) != self.runner.ref_devices:
+            await self._enter_collective("reshard")
             state = await asyncio.to_thread(self.runner.place, state, actor, ref)
         return state
+
+    async def _enter_collective(self, stage: str) -> None:
+        # A process that skipped a decision would otherwise wait in a JAX collective its
+        # peers never join, with no timeout and nothing naming where it went astray.
+        if self.hosts > 1:
+            await asyncio.to_thread(self.decisions.barrier, stage)
 
     async def _sync_weights(self, manager: RolloutManager, state: TrainState) -> float:
         """Push the new policy to every rollout rank with no host round trip: cast to the
         compute dtype on the actor mesh, then each rank copies it onto its own devices."""
         start = time.perf_counter()
+        await self._enter_collective("sync")
         weights = await asyncio.to_thread(self.runner.actor.rollout_copy, state.params)
         events = [w.update_weights(weights, self.version) for w in manager.workers.values()]
         await asyncio.to_thread(lambda: [e.wait() for e in events])
