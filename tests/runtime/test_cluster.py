@@ -90,14 +90,14 @@ def _job(args: list[str], env: dict) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_sync_run_across_processes_is_refused_at_start(tmp_path):
-    # Sync's phased rollout has no multi-process form yet: every process says so and
-    # exits 2 before building anything, instead of hanging in mismatched collectives.
+def test_a_warm_start_only_run_across_processes_is_refused_at_start(tmp_path):
+    # --sft-only builds the warm start on one process's devices: every process says so and
+    # exits 2 before training anything, instead of hanging in mismatched collectives.
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)  # --devices sets the fake device count per process
     port = _free_port()
     procs = [_job(["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                   "--process-id", str(pid), "--devices", "4", "--quick", "--system", "sync",
+                   "--process-id", str(pid), "--devices", "4", "--quick", "--sft-only",
                    "--process-timeout", "20", "--out", str(tmp_path / "run")], env)
              for pid in (0, 1)]
     try:
@@ -109,8 +109,8 @@ def test_a_sync_run_across_processes_is_refused_at_start(tmp_path):
                 proc.wait()
     for proc, (_, err) in zip(procs, results):
         assert proc.returncode == 2, err[-2000:]
-        assert "system 'sync' runs as one process" in err
-    assert not (tmp_path / "run" / "config.json").exists()
+        assert "--sft-only builds a warm start on one process's devices" in err
+    assert not (tmp_path / "run" / "sft_params.npz").exists()
 
 
 def test_an_incomplete_launch_is_refused_before_anything_starts():

@@ -1,8 +1,9 @@
 """The job across two processes of four CPU devices each on a loopback coordinator: tide
 steps with a forced ERS move and checkpoints, `--resume` on two processes stopped by a
-SIGTERM to one of them, `--resume` on one process, and a desynchronised control loop that
-fails fast naming the stage. Every process is bounded by a timeout and killed by its own
-pid; its output goes to a file the test reads."""
+SIGTERM to one of them, `--resume` on one process; sync steps with each host's share of
+the batch; and a desynchronised control loop that fails fast naming the stage. Every
+process is bounded by a timeout and killed by its own pid; its output goes to a file the
+test reads."""
 
 import datetime
 import json
@@ -131,6 +132,23 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
     assert f"resumed from step {stopped}" in log
     assert log.count("restored rollout") == 2  # process 1's groups re-homed here
     assert _steps_written(out) == list(range(1, stopped + 2))
+
+
+def test_sync_across_two_processes_rolls_out_each_hosts_share_then_trains_on_both(tmp_path):
+    # Sync's rollout phase runs on both hosts at once; the batch waits until both phases are
+    # over and holds each host's share (--quick: 2 groups, one per host).
+    runs = _run(tmp_path, "sync", "none",
+                _job_args(tmp_path / "run", steps=2, extra=["--system", "sync"]), processes=2)
+    for code, log in runs:
+        assert code == 0, log[-3000:]
+    digests = [_digests(log) for _, log in runs]
+    assert sorted(digests[0]) == [1, 2] and digests[0] == digests[1]
+    for step, digest in digests[0].items():
+        groups = digest.split("groups=")[1].split(",")
+        assert sorted(g.startswith("p1.") for g in groups) == [False, True], digest
+    for pid, (_, log) in enumerate(runs):
+        assert re.findall(rf"sync v(\d+): \d+ rollout rank\(s\) on process {pid} hold",
+                          log) == ["1", "2"]
 
 
 def _log_time(line: str) -> datetime.datetime:

@@ -3,7 +3,7 @@
 import pytest
 
 from tidejax.config import RunConfig
-from tidejax.runtime.controller import NO_ARRIVALS_S, combine_rollout_digests
+from tidejax.runtime.controller import NO_ARRIVALS_S, batch_shares, combine_rollout_digests
 from tidejax.runtime.systems import SYSTEMS
 
 
@@ -46,3 +46,24 @@ def test_a_host_with_no_arrivals_adds_no_rate():
     busy = dict(none_arrived, tprm_s=0.5, idle_frac=0.0)
     assert combine_rollout_digests([none_arrived, busy])["tprm_s"] == pytest.approx(0.5)
     assert combine_rollout_digests([none_arrived, none_arrived])["tprm_s"] == NO_ARRIVALS_S
+
+
+def _digest(ready: int, stop=None, phase_over: bool = True) -> dict:
+    return {"ready": ready, "stop": stop, "phase_over": phase_over}
+
+
+def test_the_batch_is_shared_in_turn_once_enough_is_ready_between_the_hosts():
+    assert batch_shares([_digest(3), _digest(1)], 6, take_all=False) == {"wait": True}
+    assert batch_shares([_digest(5), _digest(1)], 6, take_all=False) == {"take": [5, 1]}
+    assert batch_shares([_digest(5), _digest(5)], 6, take_all=False) == {"take": [3, 3]}
+
+
+def test_a_phased_batch_waits_for_every_hosts_phase_then_takes_all_it_has():
+    assert batch_shares([_digest(4), _digest(2, phase_over=False)], 8,
+                        take_all=True) == {"wait": True}
+    assert batch_shares([_digest(4), _digest(3)], 8, take_all=True) == {"take": [4, 3]}
+
+
+def test_a_stop_on_any_host_stops_every_host():
+    assert batch_shares([_digest(0, phase_over=False), _digest(9, stop=15)], 8,
+                        take_all=True) == {"stop": 15}

@@ -87,16 +87,17 @@ def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
 
 
 def batch_shares(digests: list[dict], target: int, take_all: bool) -> dict:
-    """The leader's batch decision from every process's digest ({"ready", "stop"}): stop if
-    any process was asked to, else how many groups each process gives once `target` are
-    ready between them (taken in turn, one at a time, so hosts share the batch), or with
-    `take_all` whatever each has (sync: the batch is what survived)."""
+    """The leader's batch decision from every process's digest ({"ready", "stop",
+    "phase_over"}): stop if any process was asked to, else how many groups each process
+    gives once `target` are ready between them (taken in turn, one at a time, so hosts share
+    the batch), or with `take_all`, once every host's rollout phase is over, whatever each
+    has (sync: the batch is what survived)."""
     stop = next((d["stop"] for d in digests if d["stop"] is not None), None)
     if stop is not None:
         return {"stop": stop}
     ready = [d["ready"] for d in digests]
     if take_all:
-        return {"take": ready}
+        return {"take": ready} if all(d["phase_over"] for d in digests) else {"wait": True}
     if sum(ready) < target:
         return {"wait": True}
     shares, left = [0] * len(ready), target
@@ -239,6 +240,9 @@ class Controller:
         bound = self.spec.staleness_bound(cfg.rollout.staleness_bound)
         # Each host fills its share of a batch (and of the staleness quota).
         self.host_batch_groups = math.ceil(cfg.batch_groups / self.hosts)
+        # Sync's rollout phase generates exactly the batch between the hosts.
+        self.host_phase_groups = (cfg.batch_groups // self.hosts
+                                  + int(self.process < cfg.batch_groups % self.hosts))
         self.rollout_config = dataclasses.replace(cfg.rollout, scheduler=self.spec.scheduler,
                                                   staleness_bound=bound,
                                                   batch_groups=self.host_batch_groups)
@@ -398,19 +402,19 @@ class Controller:
     def _stopping(self) -> bool:
         return self.stop is not None and self.stop.requested
 
-    async def _sync_rollout(self, manager: RolloutManager) -> bool:
-        """Sync: generate one batch of groups and wait for all of it; with dynamic sampling,
-        refill the groups it dropped, for at most `dynamic_sampling_rounds` rounds. False if
-        a stop came first."""
-        rc, missing = self.rollout_config, self.cfg.batch_groups
+    async def _sync_rollout(self, manager: RolloutManager) -> None:
+        """Sync's rollout phase on this host: generate its share of the batch and wait for
+        all of it; with dynamic sampling, refill the groups it dropped, for at most
+        `dynamic_sampling_rounds` rounds. Ends early if a stop comes."""
+        rc, missing = self.rollout_config, self.host_phase_groups
         for _ in range(rc.dynamic_sampling_rounds if rc.dynamic_sampling else 1):
-            manager.add_groups(self._train_tasks(missing), self.cfg.group_size)
+            if missing > 0:
+                manager.add_groups(self._train_tasks(missing), self.cfg.group_size)
             if not await self._wait_idle_or_stop(manager):
-                return False
-            missing = self.cfg.batch_groups - len(self.buffer)
+                return
+            missing = self.host_phase_groups - len(self.buffer)
             if missing <= 0:
-                break
-        return True
+                return
 
     async def _wait_idle_or_stop(self, manager: RolloutManager) -> bool:
         """Wait for the rollout phase to finish; False if a stop came first."""
@@ -452,26 +456,35 @@ class Controller:
         return self.decisions.decide_from(
             stage, mine, lambda signals: next((s for s in signals if s is not None), None))
 
-    async def _wait_batch(self, manager: RolloutManager, target: int
-                          ) -> tuple[list[ReadyGroup], int] | int:
+    async def _wait_batch(self, manager: RolloutManager, target: int,
+                          phase: asyncio.Future | None) -> tuple[list[ReadyGroup], int] | int:
         """The step's batch, the same on every process: groups from every host's buffer
         (the leader decides how many each gives), sorted by id; with how many are this
-        process's. Returns the agreed stop signal instead if a stop came first."""
-        while True:
-            ready = self.buffer.wait_for(target, self.version, timeout=0)
-            mine = self.stop.signum if self._stopping() else None
-            decision = self.decisions.decide_from(
-                "batch", {"ready": ready, "stop": mine},
-                lambda digests: batch_shares(digests, target, take_all=self.spec.phased))
-            if "stop" in decision:
-                return decision["stop"]
-            if "take" in decision:
-                break
-            # before topping up the queue
-            self._stale_in_step += return_stale_slots(self.buffer, manager)
-            manager.raise_if_failed()
-            await asyncio.sleep(0.005 if self.hosts == 1 else 0.05)
-            self._top_up(manager)
+        process's. A phased system's batch is every host's whole rollout `phase`, once all
+        have ended. Returns the agreed stop signal instead if a stop came first."""
+        try:
+            while True:
+                if phase is not None and phase.done():
+                    phase.result()  # re-raises AllRanksFailed
+                ready = self.buffer.wait_for(target, self.version, timeout=0)
+                mine = self.stop.signum if self._stopping() else None
+                decision = self.decisions.decide_from(
+                    "batch", {"ready": ready, "stop": mine,
+                              "phase_over": phase is None or phase.done()},
+                    lambda digests: batch_shares(digests, target, take_all=self.spec.phased))
+                if "stop" in decision:
+                    return decision["stop"]
+                if "take" in decision:
+                    break
+                manager.raise_if_failed()
+                if phase is None:  # before topping up the queue
+                    self._stale_in_step += return_stale_slots(self.buffer, manager)
+                await asyncio.sleep(0.005 if self.hosts == 1 else 0.05)
+                if phase is None:
+                    self._top_up(manager)
+        finally:
+            if phase is not None:
+                phase.cancel()
         share = decision["take"][self.process]
         local = self.buffer.take(share, self.version)
         if self.hosts == 1:
@@ -555,16 +568,15 @@ class Controller:
         loop.stop_signal = self._agreed_stop("step")
         if loop.stop_signal is not None:
             return None
-        if self.spec.phased:
-            if not await self._sync_rollout(manager):
-                loop.stop_signal = self.stop.signum
-                return None
+        if self.spec.phased:  # every host rolls out its share; the batch waits for all
+            phase = asyncio.ensure_future(self._sync_rollout(manager))
         else:
+            phase = None
             self._top_up(manager)
         self.buffer.begin_step()
         wait_start = time.perf_counter()
         target = loop.plan.batch_groups if self.spec.elastic else self.cfg.batch_groups
-        taken = await self._wait_batch(manager, target)
+        taken = await self._wait_batch(manager, target, phase)
         if not isinstance(taken, tuple):
             loop.stop_signal = taken
             return None

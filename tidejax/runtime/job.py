@@ -34,7 +34,6 @@ from tidejax.runtime.episode import EpisodeTokens, add_observation, close_action
 from tidejax.runtime.layout import LayoutError
 from tidejax.runtime.sft import sft_warm_start
 from tidejax.runtime.stop import RunStopped, StopRequest
-from tidejax.runtime.systems import SYSTEMS
 from tidejax.runtime.topology import Topology
 
 log = logging.getLogger("tidejax.job")
@@ -220,11 +219,6 @@ def check_processes(cfg: RunConfig, sft_only: bool = False) -> None:
     if sft_only:
         raise LayoutError("--sft-only builds a warm start on one process's devices; run it as "
                           "one process")
-    if SYSTEMS[cfg.system].phased:
-        # Sync's rollout phase waits for every group of the batch on one buffer; its
-        # multi-process form (each host its share, then the batch) is not built yet.
-        raise LayoutError(f"system 'sync' runs as one process ({jax.process_count()} were "
-                          "launched); tide, async and stream run across processes")
 
 
 def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: bool = True,
