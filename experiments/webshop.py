@@ -49,7 +49,7 @@ from tidejax.runtime.job import check_processes, run_job, warm_start  # noqa: E4
 from tidejax.runtime.layout import LayoutError  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
-from tidejax.runtime.systems import SYSTEMS  # noqa: E402
+from tidejax.sched.systems import SYSTEMS  # noqa: E402
 
 # `--quick`: a few short steps on the same code paths (CI smoke runs). A preset, so the
 # config file and explicit flags override it field by field.

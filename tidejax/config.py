@@ -23,7 +23,7 @@ from tidejax.envs.webshop import WebShopConfig
 from tidejax.envs.webshop_catalogue import CatalogueConfig
 from tidejax.rl.config import LossConfig, OptimConfig, RLConfig
 from tidejax.runtime.config import RolloutConfig
-from tidejax.runtime.systems import SYSTEMS
+from tidejax.sched.systems import SYSTEMS
 from tidejax.serving.config import EngineConfig
 
 # The default job's WebShop demonstrator buys without the instruction's options in half of

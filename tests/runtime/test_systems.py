@@ -4,7 +4,7 @@ import pytest
 
 from tidejax.config import RunConfig
 from tidejax.runtime.controller import NO_ARRIVALS_S, batch_shares, combine_rollout_digests
-from tidejax.runtime.systems import SYSTEMS
+from tidejax.sched.systems import SYSTEMS
 
 
 def test_each_system_is_what_its_name_says():

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -85,3 +86,39 @@ def test_bad_config_fails_at_start_naming_the_field(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+class _FinishedController:
+    """Stands in for the Controller: `run` returns (or raises) at once."""
+
+    def __init__(self, pool, error: Exception | None = None):
+        self.pool, self.error, self.progress = pool, error, None
+
+    async def run(self, state, start_step, rollout=None):
+        if self.error is not None:
+            raise self.error
+        return "summary"
+
+
+def _worker_threads_end(pool, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while pool._workers.live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pool._workers.live == 0
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("the run failed")])
+def test_the_job_closes_its_env_pool_when_the_run_ends(error):
+    from tidejax.config import RunConfig
+    from tidejax.envs.pool import EnvPool, PoolConfig
+    from tidejax.runtime.job import _run_with_progress
+
+    pool = EnvPool(PoolConfig(workers=3))
+    assert pool._workers.live == 3
+    controller = _FinishedController(pool, error)
+    if error is None:
+        assert _run_with_progress(controller, None, 0, RunConfig(), False) == "summary"
+    else:
+        with pytest.raises(RuntimeError, match="the run failed"):
+            _run_with_progress(controller, None, 0, RunConfig(), False)
+    assert _worker_threads_end(pool)

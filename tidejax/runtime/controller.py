@@ -20,7 +20,7 @@ in the same order:
   trainer casts the new weights to the compute dtype on its own mesh, each rank copies
   them onto its devices and flushes its KV: old-policy cache is invalid); queue the
   evaluation of the version just trained (it runs during the next step); checkpoint.
-What a system does differently is data (`runtime/systems.py`): `sync` is phased (roll out
+What a system does differently is data (`sched/systems.py`): `sync` is phased (roll out
 exactly one batch with every device, then train), only `tide` is elastic and pins KV.
 
 Checkpoints and resume: the checkpoint hook gets, besides the TrainState, a rollout snapshot
@@ -66,10 +66,10 @@ from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.records import GroupPayload
 from tidejax.runtime.rollout import RolloutWorker
 from tidejax.runtime.stop import StopRequest
-from tidejax.runtime.systems import SYSTEMS
 from tidejax.runtime.topology import Topology
 from tidejax.runtime.trainer_runner import StepReport, TrainerRunner
 from tidejax.sched import ers, ra2p
+from tidejax.sched.systems import SYSTEMS
 from tidejax.serving.engine import make_engine
 
 log = logging.getLogger(__name__)

@@ -340,6 +340,13 @@ def _run_with_progress(controller, state, start_step, cfg, show_progress,
             log.info("step %d/%d: %s eta %s", r.step, cfg.steps, info, format_eta(eta))
 
         controller.progress = on_step
-        return asyncio.run(controller.run(state, start_step, rollout=rollout))
+        return asyncio.run(_run_then_close_pool(controller, state, start_step, rollout))
+
+
+async def _run_then_close_pool(controller, state, start_step, rollout) -> RunSummary:
+    try:
+        return await controller.run(state, start_step, rollout=rollout)
+    finally:  # the job made the pool: its env threads and any env still open end with it
+        await controller.pool.aclose()
 
 

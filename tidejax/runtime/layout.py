@@ -16,9 +16,8 @@ import jax
 from tidejax.config import RunConfig
 from tidejax.models.config import ModelConfig
 from tidejax.rl.trainer import resolve_remat
-from tidejax.runtime.systems import SYSTEMS
 from tidejax.sched import ers, memory
-
+from tidejax.sched.systems import SYSTEMS
 
 
 class LayoutError(ValueError):
