@@ -197,10 +197,12 @@ def main(argv=None) -> None:
     except ValueError as e:
         print(f"tidejax: bad launch: {e}", file=sys.stderr)
         sys.exit(2)
-    launch.initialize()
-    # After jax.distributed, whose preemption notifier would otherwise take SIGTERM: a stop
-    # is agreed by every process at the next boundary instead (runtime/controller.py).
+    # Before jax.distributed and the backend start their threads, so that none of them is
+    # interrupted by a signal (tidejax/runtime/stop.py); a stop is agreed by every process
+    # at the next boundary (runtime/controller.py).
     stop = StopRequest().install()
+    launch.initialize()
+    stop.reclaim_handlers()
     run_dir = absolute_path(args.out or os.path.join("runs", "webshop", cfg.system))
     compile_cache = absolute_path(args.compile_cache) if args.compile_cache else None
     log = logging.getLogger("tidejax.job")

@@ -1,10 +1,15 @@
 """Stopping a run on SIGINT or SIGTERM: finish at the next safe boundary, or exit at once.
 
-Threads: Python runs signal handlers on the main thread only. `StopRequest.install` puts a
-handler there; the first signal sets a `threading.Event` that the controller's asyncio loop
-and the SFT loop poll (from any thread), so the run checkpoints at its next safe boundary
-and returns. A second signal ends the process at once with `os._exit`, skipping cleanup
-(the last checkpoint on disk stays whole: Orbax commits a step by renaming it).
+Threads: `StopRequest.install` blocks both signals in the calling (main) thread, and so in
+every thread started after it, native ones included, and takes them on a daemon thread of
+its own ("stop-signals", `signal.sigwait`), with the same handler set on the main
+thread for any thread that was already running. No signal then interrupts a system call in
+another thread (once, in CI, a SIGTERM that arrived during a cross-process collective
+aborted the process in gloo: "Received data size doesn't match expected size"). The
+first signal sets a `threading.Event` that the controller's asyncio loop and the SFT loop
+poll (from any thread), so the run checkpoints at its next safe boundary and returns. A
+second signal ends the process at once with `os._exit`, skipping cleanup (the last
+checkpoint on disk stays whole: Orbax commits a step by renaming it).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class StopRequest:
         self._event = threading.Event()
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
+        self._installed = False
 
     @property
     def requested(self) -> bool:
@@ -53,15 +59,40 @@ class StopRequest:
             raise RunStopped(self.signum, step)
 
     def install(self) -> StopRequest:
-        """Handle SIGINT and SIGTERM in this (the main) thread until `uninstall`."""
+        """Take SIGINT and SIGTERM on the "stop-signals" thread until `uninstall`. Call it
+        before anything starts threads (jax.distributed, the XLA backend). A thread started
+        earlier (a BLAS pool at import) may still receive one: the handler set here then runs
+        it on the main thread, as Python does."""
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        self._installed = True
+        threading.Thread(target=self._wait_for_signals, name="stop-signals",
+                         daemon=True).start()
         return self
 
+    def reclaim_handlers(self) -> None:
+        """Set the main-thread handlers again after a library replaced them (jax.distributed
+        installs a preemption notifier for SIGTERM)."""
+        for signum in SIGNALS:
+            signal.signal(signum, self._handle)
+
     def uninstall(self) -> None:
+        """Signals reach the calling thread again, with the handlers it had before."""
+        self._installed = False
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+    def _wait_for_signals(self) -> None:
+        while True:
+            signum = signal.sigwait(SIGNALS)
+            if self._installed:
+                self._handle(signum, None)
+            else:  # uninstalled: to a thread that takes it again, as it would have gone
+                os.kill(os.getpid(), signum)
+                return
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
