@@ -45,7 +45,7 @@ import shlex  # noqa: E402
 from tidejax.config import (RunConfig, absolute_path, layer_overrides,  # noqa: E402
                             read_config_file, resolve_paths, run_config_from_dict)
 from tidejax.runtime.cluster import Launch, StageError, exit_now  # noqa: E402
-from tidejax.runtime.job import check_processes, run_job, warm_start  # noqa: E402
+from tidejax.runtime.job import refuse_multi_process_sft_only, run_job, warm_start  # noqa: E402
 from tidejax.runtime.layout import LayoutError  # noqa: E402
 from tidejax.runtime.manager import AllRanksFailed  # noqa: E402
 from tidejax.runtime.stop import RunStopped, StopRequest  # noqa: E402
@@ -211,7 +211,7 @@ def main(argv=None) -> None:
 
         os.makedirs(run_dir, exist_ok=True)
         try:
-            check_processes(cfg, sft_only=True)
+            refuse_multi_process_sft_only()
             _, _, _, seconds = warm_start(cfg, run_dir, jax.devices()[:cfg.topology.devices],
                                           stop=stop)
         except LayoutError as e:

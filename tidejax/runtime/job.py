@@ -212,11 +212,9 @@ def warm_start(cfg: RunConfig, cache_dir: str, devices, writer=None,
     return tokenizer, model_config, params, time.perf_counter() - t0
 
 
-def check_processes(cfg: RunConfig, sft_only: bool = False) -> None:
-    """Refuse, naming why, what a multi-process launch cannot run."""
-    if jax.process_count() == 1:
-        return
-    if sft_only:
+def refuse_multi_process_sft_only() -> None:
+    """--sft-only builds the warm start on one process's devices: refuse it across several."""
+    if jax.process_count() > 1:
         raise LayoutError("--sft-only builds a warm start on one process's devices; run it as "
                           "one process")
 
@@ -237,7 +235,6 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
     if compile_cache:  # later runs (and --resume) skip most XLA compilation
         jax.config.update("jax_compilation_cache_dir", compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    check_processes(cfg)
     try:
         topology = Topology.of(jax.devices(), cfg.topology.devices, cfg.topology.rollout_tensor)
     except ValueError as e:
