@@ -128,8 +128,10 @@ def bare_decoder(config: ModelConfig, params, bench: BenchConfig):
     b = bench
     span = b.page_size * b.max_pages_per_seq
 
-    @functools.partial(jax.jit, donate_argnums=(1,))
-    def step(tokens_B, cache, positions_B):
+    # Parameters are an argument, not a closure: closed-over arrays become constants baked
+    # into the program (15 GB at 7B: the compile never ends).
+    @functools.partial(jax.jit, donate_argnums=(2,))
+    def step(params, tokens_B, cache, positions_B):
         pos = positions_B[:, None]
         logits, cache = forward_with_cache(config, params, tokens_B[:, None], pos, dense_attend,
                                            cache, pos)
@@ -141,7 +143,7 @@ def bare_decoder(config: ModelConfig, params, bench: BenchConfig):
     def run(steps: int) -> float:
         start = time.perf_counter()
         for _ in range(steps):
-            box[:] = step(*box)
+            box[:] = step(params, *box)
         box[0].block_until_ready()
         return time.perf_counter() - start
 
@@ -149,23 +151,31 @@ def bare_decoder(config: ModelConfig, params, bench: BenchConfig):
     return run
 
 
-def decode_rates(config: ModelConfig, params, bench: BenchConfig) -> dict[str, float]:
-    """Tokens/s of each decoder, rounds interleaved and the fastest round kept, so load
-    from other processes on a shared machine biases none of them."""
-    decoders = {
-        "engine": engine_decoder(config, params, bench, SamplingParams.greedy()),
-        "engine_live_span": engine_decoder(config, params, bench, SamplingParams.greedy(),
-                                           attention_span="live"),
-        "engine_one_per_call": engine_decoder(config, params, bench, SamplingParams.greedy(),
-                                              decode_steps_per_call=1),
-        "bare": bare_decoder(config, params, bench),
-        "engine_sampled": engine_decoder(config, params, bench, SamplingParams(temperature=1.0)),
+DECODERS = ("engine", "bare", "engine_live_span", "engine_one_per_call", "engine_sampled")
+
+
+def decode_rates(config: ModelConfig, params, bench: BenchConfig,
+                 names: tuple[str, ...] = DECODERS) -> dict[str, float]:
+    """Tokens/s of each decoder in `names`, rounds interleaved and the fastest round kept,
+    so load from other processes on a shared machine biases none of them (nan: not run)."""
+    greedy = SamplingParams.greedy()
+    builders = {
+        "engine": lambda: engine_decoder(config, params, bench, greedy),
+        "bare": lambda: bare_decoder(config, params, bench),
+        "engine_live_span": lambda: engine_decoder(config, params, bench, greedy,
+                                                   attention_span="live"),
+        "engine_one_per_call": lambda: engine_decoder(config, params, bench, greedy,
+                                                      decode_steps_per_call=1),
+        "engine_sampled": lambda: engine_decoder(config, params, bench,
+                                                 SamplingParams(temperature=1.0)),
     }
+    decoders = {name: builders[name]() for name in DECODERS if name in names}
     best = dict.fromkeys(decoders, float("inf"))
     for _ in range(bench.rounds):
         for name, run in decoders.items():
             best[name] = min(best[name], run(bench.timed_steps))
-    return {name: bench.slots * bench.timed_steps / t for name, t in best.items()}
+    return {name: bench.slots * bench.timed_steps / best[name] if name in best else float("nan")
+            for name in DECODERS}
 
 
 # ---------------------------------------------------------------- against the hardware
@@ -356,14 +366,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timed-steps", type=int, default=96, help="per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-trace", action="store_true", help="throughput only")
+    parser.add_argument("--decoders", default=",".join(DECODERS),
+                        help=f"comma-separated subset of {','.join(DECODERS)} (engine and bare "
+                             "are always run: the last line needs them)")
+    parser.add_argument("--skip-padding", action="store_true",
+                        help="no WebShop-shaped prefill padding (host-side arithmetic, the same "
+                             "on any device; prints nan)")
     args = parser.parse_args(argv)
+    names = set(args.decoders.split(",")) | {"engine", "bare"}
+    if names - set(DECODERS):
+        parser.error(f"--decoders: unknown {sorted(names - set(DECODERS))}; choose from {DECODERS}")
     bench = BenchConfig(preset=args.preset, slots=args.slots, timed_steps=args.timed_steps,
                         rounds=args.rounds)
     config = get_preset(bench.preset)
-    params = random_params(config, bench.seed, std=0.02 if bench.preset != "tiny" else 0.16)
+    # Presets above tiny draw on the device: a 7B host draw takes minutes and 30 GB.
+    params = random_params(config, bench.seed, std=0.02 if bench.preset != "tiny" else 0.16,
+                           on_device=bench.preset != "tiny")
     print(f"backend={jax.default_backend()} devices={jax.device_count()} preset={bench.preset} "
           f"dtype={config.dtype} slots={bench.slots} span={bench.page_size * bench.max_pages_per_seq}")
-    rates = decode_rates(config, params, bench)
+    rates = decode_rates(config, params, bench, tuple(names))
     engine_rate, bare_rate, sampled_rate = rates["engine"], rates["bare"], rates["engine_sampled"]
     print(f"decode tok/s: engine(greedy)={engine_rate:.0f} bare_dense(argmax)={bare_rate:.0f} "
           f"engine(temperature=1)={sampled_rate:.0f} engine(live span)="
@@ -389,12 +410,16 @@ def main(argv: list[str] | None = None) -> None:
           f"{mean_length:.0f}); bandwidth {bandwidth / 1e9:.1f} GB/s ({source}); engine step "
           f"{step_s * 1e3:.3f} ms = {roofline:.4f} of the memory roofline")
     print(f"request loop: host {host_ms:.3f} ms CPU per decode step (wall {wall_ms:.3f} ms)")
-    trace_config = EngineConfig(page_size=16, num_pages=2048, max_slots=bench.slots,
-                                max_pages_per_seq=96, prefill_buckets=(256, 768))
-    unpacked = webshop_shaped_padding(config, params, trace_config)
-    padding = webshop_shaped_padding(config, params, trace_config.replace(prefill_packing=True))
-    print(f"webshop-shaped trace: prefill padding {unpacked:.3f} of prefill tokens one request "
-          f"per call (default), {padding:.3f} packed (prefill_packing=True; the last line's)")
+    padding = float("nan")
+    if not args.skip_padding:
+        trace_config = EngineConfig(page_size=16, num_pages=2048, max_slots=bench.slots,
+                                    max_pages_per_seq=96, prefill_buckets=(256, 768))
+        unpacked = webshop_shaped_padding(config, params, trace_config)
+        padding = webshop_shaped_padding(config, params,
+                                         trace_config.replace(prefill_packing=True))
+        print(f"webshop-shaped trace: prefill padding {unpacked:.3f} of prefill tokens one "
+              f"request per call (default), {padding:.3f} packed (prefill_packing=True; the "
+              f"last line's)")
     print(f"engine_overhead_ratio={engine_rate / bare_rate:.3f} request_level_hit_rate={hit_rate:.3f} "
           f"roofline_fraction={roofline:.4f} host_ms_per_step={host_ms:.3f} "
           f"prefill_padding={padding:.3f}")

@@ -37,14 +37,14 @@ import numpy as np  # noqa: E402
 from tidejax.bench import compiled_memory as cm  # noqa: E402
 from tidejax.config import RunConfig, load_run_config  # noqa: E402
 from tidejax.models.config import ModelConfig, get_preset  # noqa: E402
+from tidejax import experiments  # noqa: E402
 from tidejax.rl.config import RLConfig  # noqa: E402
 from tidejax.runtime.layout import job_memory  # noqa: E402
 from tidejax.sched import memory  # noqa: E402
 from tidejax.serving.config import EngineConfig  # noqa: E402
 
 GIB = memory.GIB
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "experiments", "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(experiments.__file__)), "configs")
 GPU_CONFIGS = {"qwen2.5-7b": "gpu_qwen2.5-7b_8x80gb.toml",
                "qwen2.5-14b": "gpu_qwen2.5-14b_8x80gb.toml"}
 
