@@ -1,7 +1,11 @@
 """Pure functional Qwen2 forward over a plain parameter dict.
 
 Parameters are `{"embedder": {...}, "layers": {... stacked on a leading layer axis}}`;
-layers run under `jax.lax.scan`, so compile time does not grow with depth. Each module
+layers run under `jax.lax.scan`, so compile time does not grow with depth. Serving holds
+`layers` as a tuple of per-layer dicts instead (`unstack_layers`) and runs them unrolled:
+a scan slices each layer's weights out of the stack, and XLA copies a slice that feeds a
+matmul, for every layer of every decoded token (`scripts/layer_scan_probe.py`: a
+memory-bound decode stack takes 1.6x as long on CPU). Each module
 is rebuilt from its dict with `nnx.merge` inside the traced function (no closures over
 state, nothing mutable crosses a jit boundary).
 """
@@ -128,6 +132,22 @@ def packed_mask(segment_ids_BT: jax.Array) -> jax.Array:
     return same & causal[None]
 
 
+def unstack_layers(params: Params) -> Params:
+    """`layers` as a tuple of per-layer dicts (a no-op when it already is one)."""
+    if isinstance(params["layers"], tuple):
+        return params
+    count = jax.tree.leaves(params["layers"])[0].shape[0]
+    layers = tuple(jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(count))
+    return {**params, "layers": layers}
+
+
+def stack_layers(params: Params) -> Params:
+    """The inverse of `unstack_layers` (a no-op on stacked parameters)."""
+    if not isinstance(params["layers"], tuple):
+        return params
+    return {**params, "layers": jax.tree.map(lambda *a: jnp.stack(a), *params["layers"])}
+
+
 def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
                attend: AttendFn, cache: Any, aux: Any, remat: bool = False,
                activation_sharding=None):
@@ -160,6 +180,12 @@ def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
 
     if remat:
         body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    if isinstance(params["layers"], tuple):  # per-layer weights: unrolled, nothing sliced
+        outputs = []
+        for index, layer_params in enumerate(params["layers"]):
+            x, out = body(x, (layer_params, jax.tree.map(lambda a, i=index: a[i], cache)))
+            outputs.append(out)
+        return embedder.final_norm(x), jax.tree.map(lambda *a: jnp.stack(a), *outputs)
     x, cache = jax.lax.scan(body, x, (params["layers"], cache))
     return embedder.final_norm(x), cache
 

@@ -53,13 +53,15 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$out/devices.txt"
 
 # Decode: paged engine vs bare dense-cache forward, random bf16 weights drawn on the device,
-# 64 slots; bytes per step vs the HBM roofline, host ms per step. The WebShop-shaped prefill
-# padding is host-side arithmetic, measured on the CPU (--skip-padding).
+# 64 slots; bytes per step vs the HBM roofline, host ms per step; "stacked layers" is the
+# engine fed the weights stacked (the layer scan the engine used before it held them per
+# layer). The WebShop-shaped prefill padding is host-side arithmetic, measured on the CPU
+# (--skip-padding).
 run engine_0.5b 170 python3 -m tidejax.bench.engine --preset qwen2.5-0.5b --slots 64 \
     --skip-trace --skip-padding
 run engine_7b 200 python3 -m tidejax.bench.engine --preset qwen2.5-7b --slots 64 \
     --skip-trace --skip-padding --timed-steps 64 --rounds 2 \
-    --decoders engine,bare,engine_live_span
+    --decoders engine,bare,engine_live_span,engine_stacked_layers
 # Is the stacked-layer scan copying each layer's weights per token? (7B layer shapes, bf16)
 run layer_scan_probe 90 python3 "$repo/scripts/layer_scan_probe.py" --layers 8 --d 3584 \
     --f 18944 --dtype bfloat16

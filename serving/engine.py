@@ -161,17 +161,41 @@ class Engine:
         return self.engine_config.max_seq_len
 
     def load_params(self, params: Params) -> Params:
-        """Place `params` on this rank's mesh (ROLLOUT_RULES shardings) in the model's
-        dtype. Host arrays are cast before they travel; device arrays (a trainer's
-        `compute_copy`) move device to device and are cast there if they still need it."""
+        """Place `params` (stacked or per-layer) on this rank's mesh (ROLLOUT_RULES
+        shardings) in the model's dtype, held per layer (`unstack_layers`: decode reads each
+        layer's weights where they lie, with no slice copied out of a stack). Host arrays
+        are cast before they travel; device arrays (a trainer's `compute_copy`) move device
+        to device and are cast there if they still need it. A stacked leaf is split as it
+        lands, so the transient is one leaf, not a second copy of the model."""
         dtype = self.config.jnp_dtype
-        params = jax.tree.map(
-            lambda x: x if isinstance(x, jax.Array) else cast_floating(x, dtype), params)
-        placed = jax.device_put(params, self._param_shardings)
-        if all(x.dtype == dtype for x in jax.tree.leaves(placed)
-               if np.issubdtype(x.dtype, np.floating)):
-            return placed
-        return _cast_on_device(placed, dtype)
+        shardings = self._param_shardings
+
+        def place(tree, sharding):
+            tree = jax.tree.map(
+                lambda x: x if isinstance(x, jax.Array) else cast_floating(x, dtype), tree)
+            placed = jax.device_put(tree, sharding)
+            if all(x.dtype == dtype for x in jax.tree.leaves(placed)
+                   if np.issubdtype(x.dtype, np.floating)):
+                return placed
+            return _cast_on_device(placed, dtype)
+
+        layers = params["layers"]
+        if isinstance(layers, tuple):
+            per_layer = tuple(place(layer, sharding)
+                              for layer, sharding in zip(layers, shardings["layers"]))
+        else:
+            def split(stacked, layer_sharding):
+                whole = place(stacked, NamedSharding(layer_sharding.mesh,
+                                                     PartitionSpec(None, *layer_sharding.spec)))
+                return [jax.device_put(whole[i], layer_sharding)
+                        for i in range(whole.shape[0])]
+
+            columns = jax.tree.map(split, layers, shardings["layers"][0])
+            per_layer = tuple(jax.tree.map(lambda column, i=i: column[i], columns,
+                                           is_leaf=lambda x: isinstance(x, list))
+                              for i in range(self.config.num_layers))
+        return {**params, "embedder": place(params["embedder"], shardings["embedder"]),
+                "layers": per_layer}
 
     def release(self) -> None:
         """Free this rank's weights and KV pages (its rank closed); the engine is unusable
@@ -612,12 +636,17 @@ def span_buckets(max_pages_per_seq: int) -> tuple[int, ...]:
 
 
 def engine_shardings(config: ModelConfig, mesh: jax.sharding.Mesh):
-    """(parameter shardings, KV page sharding, replicated) of a rank's engine on `mesh`."""
+    """(parameter shardings, KV page sharding, replicated) of a rank's engine on `mesh`;
+    the parameters' in the engine's per-layer layout (`unstack_layers`)."""
     tensor = mesh.shape.get("tensor", 1)
     kv_spec = (PartitionSpec(None, None, None, "tensor", None)
                if tensor > 1 and config.num_kv_heads % tensor == 0 else PartitionSpec())
-    return (param_shardings(config, mesh, ROLLOUT_RULES), NamedSharding(mesh, kv_spec),
-            NamedSharding(mesh, PartitionSpec()))
+    stacked = param_shardings(config, mesh, ROLLOUT_RULES)
+    # ROLLOUT_RULES leave the stacked layer axis unsplit: a layer's spec is the rest.
+    layer = jax.tree.map(lambda s: NamedSharding(mesh, PartitionSpec(*s.spec[1:])),
+                         stacked["layers"])
+    return ({"embedder": stacked["embedder"], "layers": (layer,) * config.num_layers},
+            NamedSharding(mesh, kv_spec), NamedSharding(mesh, PartitionSpec()))
 
 
 def rank_mesh(devices: Sequence[jax.Device]) -> jax.sharding.Mesh:

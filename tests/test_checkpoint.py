@@ -140,3 +140,20 @@ def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state))
     assert (tmp_path / "runs" / "rel" / "checkpoints" / "1").is_dir()
     assert_same(restored.state, state)
+
+
+def test_params_fingerprint_is_the_stacked_fingerprint_of_per_layer_weights():
+    """An engine's per-layer weights fingerprint as the trainer's stacked ones (the
+    multi-host sync check compares the two), and a one-element change shows."""
+    from tidejax.checkpoint import fingerprint, params_fingerprint
+    from tidejax.models.model import unstack_layers
+    from tidejax.models.testing import tiny_params
+
+    params = tiny_params()
+    per_layer = unstack_layers(params)
+    assert params_fingerprint(per_layer) == fingerprint(params) == params_fingerprint(params)
+    layers = list(per_layer["layers"])
+    changed = dict(layers[1], mlp=dict(layers[1]["mlp"]))
+    changed["mlp"]["up_kernel"] = changed["mlp"]["up_kernel"].at[0, 0].add(1.0)
+    layers[1] = changed
+    assert params_fingerprint({**per_layer, "layers": tuple(layers)}) != fingerprint(params)

@@ -77,6 +77,22 @@ def fingerprint(tree) -> list[list[int]]:
     return [[int(v) for v in np.asarray(f)] for f in jax.device_get(_fingerprint(tree))]
 
 
+def params_fingerprint(params) -> list[list[int]]:
+    """`fingerprint` of the model parameters in their stacked form, also when `layers` is
+    held per layer (an engine's): per-layer fingerprints combine exactly, nothing stacks.
+    Stacked, element j of layer i weighs `1 + i*n + j` (n the layer's element count)."""
+    if not isinstance(params["layers"], tuple):
+        return fingerprint(params)
+    combined = fingerprint(params["embedder"])
+    per_layer = [fingerprint(layer) for layer in params["layers"]]
+    sizes = [leaf.size for leaf in jax.tree.leaves(params["layers"][0])]
+    for j, size in enumerate(sizes):
+        total = sum(fp[j][0] for fp in per_layer)
+        weighted = sum(fp[j][1] + i * size * fp[j][0] for i, fp in enumerate(per_layer))
+        combined.append([total % 2**32, weighted % 2**32])
+    return combined
+
+
 class Checkpointer:
     """Async save / verified restore over `ocp.CheckpointManager`, keeping the last N."""
 

@@ -121,3 +121,21 @@ def test_bfloat16_params_run():
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         tiny_config(**{field: value})
+
+
+def test_per_layer_weights_run_unrolled_to_the_same_outputs_and_cache():
+    """`unstack_layers` (the engine's layout) runs the same function as the stacked scan:
+    logits and the dense cache agree to float rounding; `stack_layers` inverts it exactly."""
+    from tidejax.models.model import stack_layers, unstack_layers
+
+    cfg, params = tiny_config(), tiny_params()
+    per_layer = unstack_layers(params)
+    assert isinstance(per_layer["layers"], tuple) and len(per_layer["layers"]) == cfg.num_layers
+    chex.assert_trees_all_equal(stack_layers(per_layer), params)
+    assert unstack_layers(per_layer) is per_layer and stack_layers(params) is params
+    tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 6))
+    positions = np.broadcast_to(np.arange(6), (2, 6))
+    run = jax.jit(functools.partial(models.forward_with_cache, cfg, attend=dense_attend))
+    outputs = [run(p, tokens, positions, cache=init_dense_cache(cfg, 2, 8), aux=positions)
+               for p in (params, per_layer)]
+    chex.assert_trees_all_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)

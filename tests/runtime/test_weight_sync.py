@@ -8,6 +8,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tidejax.models.model import unstack_layers
 from tidejax.models.testing import tiny_config, tiny_params, tiny_tokenizer
 
 from tidejax.config import run_config_from_dict
@@ -60,7 +61,9 @@ async def sync_a_new_policy(ctrl, manager):
         await ctrl._sync_weights(manager, state)
     finally:
         jax.config.update("jax_transfer_guard_device_to_host", "allow")
-    return state, jax.device_get(jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params))
+    # Engines hold the weights per layer (`unstack_layers`): compare in that form.
+    return state, unstack_layers(jax.device_get(
+        jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params)))
 
 
 def test_sync_moves_bf16_weights_device_to_device_and_closing_a_rank_frees_it():

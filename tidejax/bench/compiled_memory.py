@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tidejax.models.config import ModelConfig
-from tidejax.models.model import abstract_params, cast_floating
+from tidejax.models.model import abstract_params, cast_floating, unstack_layers
 from tidejax.models.sharding import make_mesh
 from tidejax.rl.batch import Batch
 from tidejax.rl.config import RLConfig
@@ -154,7 +154,8 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
     """Per-device peak bytes of one rollout rank's prefill (largest bucket) and decode."""
     ec = engine_config
     params_sharding, kv_sharding, replicated = engine_shardings(model_config, rank_mesh(devices))
-    params = _abstract(abstract_params(model_config), params_sharding)
+    params = _abstract(jax.eval_shape(unstack_layers, abstract_params(model_config)),
+                       params_sharding)  # the engine's per-layer layout
     page = jax.ShapeDtypeStruct(
         (model_config.num_layers, ec.num_pages + 1, ec.page_size, model_config.num_kv_heads,
          model_config.head_dim), model_config.jnp_dtype, sharding=kv_sharding)

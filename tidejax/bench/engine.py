@@ -45,6 +45,7 @@ import numpy as np
 from tidejax.models import forward_with_cache, get_preset
 from tidejax.models.config import ModelConfig
 from tidejax.models.dense_cache import dense_attend, init_dense_cache
+from tidejax.models.model import stack_layers
 from tidejax.serving import (
     Completion,
     EngineConfig,
@@ -89,9 +90,11 @@ class BenchConfig:
 
 # ---------------------------------------------------------------- throughput
 def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: SamplingParams,
-                   **engine_changes):
+                   stacked_layers: bool = False, **engine_changes):
     """A function `run(steps) -> seconds` of `Engine.generate` with every slot busy
-    (`decode_steps_per_call` tokens per call; `steps` is rounded to whole calls)."""
+    (`decode_steps_per_call` tokens per call; `steps` is rounded to whole calls). With
+    `stacked_layers` decode gets the weights stacked (the layers scanned, as before the
+    engine held them per layer) instead of the engine's own per-layer copy."""
     b = bench
     engine_config = EngineConfig(page_size=b.page_size, num_pages=b.slots * b.max_pages_per_seq,
                                  max_slots=b.slots, max_pages_per_seq=b.max_pages_per_seq,
@@ -110,10 +113,12 @@ def engine_decoder(config: ModelConfig, params, bench: BenchConfig, sampling: Sa
         box[0] = engine.insert(engine.prefill(engine.params, prompt, sampling=request), box[0],
                                slot)
 
+    weights = stack_layers(engine.params) if stacked_layers else engine.params
+
     def run(steps: int) -> float:
         start = time.perf_counter()
         for _ in range(-(-steps // per_call)):
-            box[0], result = engine.generate(engine.params, box[0])
+            box[0], result = engine.generate(weights, box[0])
             host = result.to_host()  # what a serving loop reads every call
         elapsed = time.perf_counter() - start
         assert host.valid.all(), "a slot stopped inside the timed window"
@@ -151,7 +156,8 @@ def bare_decoder(config: ModelConfig, params, bench: BenchConfig):
     return run
 
 
-DECODERS = ("engine", "bare", "engine_live_span", "engine_one_per_call", "engine_sampled")
+DECODERS = ("engine", "bare", "engine_live_span", "engine_one_per_call", "engine_sampled",
+            "engine_stacked_layers")
 
 
 def decode_rates(config: ModelConfig, params, bench: BenchConfig,
@@ -168,6 +174,8 @@ def decode_rates(config: ModelConfig, params, bench: BenchConfig,
                                                       decode_steps_per_call=1),
         "engine_sampled": lambda: engine_decoder(config, params, bench,
                                                  SamplingParams(temperature=1.0)),
+        "engine_stacked_layers": lambda: engine_decoder(config, params, bench, greedy,
+                                                        stacked_layers=True),
     }
     decoders = {name: builders[name]() for name in DECODERS if name in names}
     best = dict.fromkeys(decoders, float("inf"))
@@ -366,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timed-steps", type=int, default=96, help="per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-trace", action="store_true", help="throughput only")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="override the preset's depth (a memory-bound CPU run)")
+    parser.add_argument("--dtype", default=None, help="override the preset's dtype")
     parser.add_argument("--decoders", default=",".join(DECODERS),
                         help=f"comma-separated subset of {','.join(DECODERS)} (engine and bare "
                              "are always run: the last line needs them)")
@@ -379,16 +390,19 @@ def main(argv: list[str] | None = None) -> None:
     bench = BenchConfig(preset=args.preset, slots=args.slots, timed_steps=args.timed_steps,
                         rounds=args.rounds)
     config = get_preset(bench.preset)
+    config = config.replace(num_layers=args.layers or config.num_layers,
+                            dtype=args.dtype or config.dtype)
     # Presets above tiny draw on the device: a 7B host draw takes minutes and 30 GB.
     params = random_params(config, bench.seed, std=0.02 if bench.preset != "tiny" else 0.16,
                            on_device=bench.preset != "tiny")
     print(f"backend={jax.default_backend()} devices={jax.device_count()} preset={bench.preset} "
-          f"dtype={config.dtype} slots={bench.slots} span={bench.page_size * bench.max_pages_per_seq}")
+          f"layers={config.num_layers} dtype={config.dtype} slots={bench.slots} span={bench.page_size * bench.max_pages_per_seq}")
     rates = decode_rates(config, params, bench, tuple(names))
     engine_rate, bare_rate, sampled_rate = rates["engine"], rates["bare"], rates["engine_sampled"]
     print(f"decode tok/s: engine(greedy)={engine_rate:.0f} bare_dense(argmax)={bare_rate:.0f} "
           f"engine(temperature=1)={sampled_rate:.0f} engine(live span)="
-          f"{rates['engine_live_span']:.0f} engine(1 token/call)={rates['engine_one_per_call']:.0f}")
+          f"{rates['engine_live_span']:.0f} engine(1 token/call)={rates['engine_one_per_call']:.0f} "
+          f"engine(stacked layers)={rates['engine_stacked_layers']:.0f}")
     hit_rate = float("nan")
     if not args.skip_trace:
         hit_rate, steps = run_trace(config, params, bench, pin_demo=False)

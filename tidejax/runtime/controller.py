@@ -52,7 +52,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tidejax.checkpoint import fingerprint
+from tidejax.checkpoint import params_fingerprint
 from tidejax.config import RunConfig
 from tidejax.envs import make_tasks
 from tidejax.metrics import GoodputMeter, MetricsWriter, TraceRecorder
@@ -359,9 +359,9 @@ class Controller:
         return time.perf_counter() - start
 
     def _check_synced(self, manager: RolloutManager, weights) -> None:
-        expected = fingerprint(weights)
+        expected = params_fingerprint(weights)
         for rank, worker in manager.workers.items():
-            if worker.alive and fingerprint(worker.engine.params) != expected:
+            if worker.alive and params_fingerprint(worker.engine.params) != expected:
                 raise RuntimeError(f"rollout rank {rank} on process {self.process} does not "
                                    f"hold version {self.version}'s weights after the sync")
         log.info("sync v%d: %d rollout rank(s) on process %d hold the trainer's weights "
