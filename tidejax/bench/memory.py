@@ -25,6 +25,7 @@ Last line: `fits_7b=<k>/<n> fits_14b=<k>/<n> worst_peak_gib=<x> model_error=<y>`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -37,14 +38,16 @@ import numpy as np  # noqa: E402
 from tidejax.bench import compiled_memory as cm  # noqa: E402
 from tidejax.config import RunConfig, load_run_config  # noqa: E402
 from tidejax.models.config import ModelConfig, get_preset  # noqa: E402
-from tidejax import experiments  # noqa: E402
 from tidejax.rl.config import RLConfig  # noqa: E402
 from tidejax.runtime.layout import job_memory  # noqa: E402
 from tidejax.sched import memory  # noqa: E402
 from tidejax.serving.config import EngineConfig  # noqa: E402
 
 GIB = memory.GIB
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(experiments.__file__)), "configs")
+# The shipped run configs are package data of tidejax.experiments: located, not imported
+# (benchmarks sit below experiments in the README's import direction).
+CONFIG_DIR = os.path.join(
+    importlib.util.find_spec("tidejax.experiments").submodule_search_locations[0], "configs")
 GPU_CONFIGS = {"qwen2.5-7b": "gpu_qwen2.5-7b_8x80gb.toml",
                "qwen2.5-14b": "gpu_qwen2.5-14b_8x80gb.toml"}
 
