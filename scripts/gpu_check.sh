@@ -65,6 +65,8 @@ run engine_7b 200 python3 -m tidejax.bench.engine --preset qwen2.5-7b --slots 64
 # Is the stacked-layer scan copying each layer's weights per token? (7B layer shapes, bf16)
 run layer_scan_probe 90 python3 "$repo/scripts/layer_scan_probe.py" --layers 8 --d 3584 \
     --f 18944 --dtype bfloat16
+# Decode attention alone at 7B head shapes: the engine's gather vs JAX's Pallas GPU kernel.
+run paged_attention_probe 90 python3 "$repo/scripts/paged_attention_probe.py"
 # The whole job for two steps on this one GPU at Qwen2.5-0.5B shapes (random weights, bf16):
 # sync, since one device means rollout and training take turns on it.
 run job_0.5b 200 python3 -m tidejax.experiments.webshop --system sync --devices 1 \
@@ -95,4 +97,4 @@ for step, peak in peaks.items():
           f"{without / 2**30:.2f}", flush=True)
 PY
 echo "== summary"
-grep -h "^decode tok/s\|^decode step reads\|^request loop\|^engine_overhead_ratio\|rc=\|skipped\|final_\|goodput\|^7B \|deferred_over_fused\|scan_over_unrolled" "$out"/*.txt
+grep -h "^decode tok/s\|^decode step reads\|^request loop\|^engine_overhead_ratio\|rc=\|skipped\|final_\|goodput\|^7B \|deferred_over_fused\|scan_over_unrolled\|pallas_over_gather" "$out"/*.txt
