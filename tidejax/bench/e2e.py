@@ -37,6 +37,10 @@ REPORTED = ("steady_goodput", "goodput", "consumed_tokens", "elapsed_s", "twt_s"
 # perfect-demonstrator warm start; not the default job's small learnable shop.
 THROUGHPUT_JOB = {
     "group_size": 4, "eval_every": 0, "checkpoint_every": 0, "max_turns": 5,
+    # Pinned: the default job's rollout temperature went from 1.0 to 0.5 for learning, which
+    # halved the tokens generated per step here (4,329 -> 1,976 over 4 steps) and so the
+    # decode work whose stragglers tide overlaps. The throughput workload stays fixed.
+    "rollout": {"temperature": 1.0},
     "webshop": {"catalogue": {"n_products": 1500, "goals_per_product": 3}},
     "sft": {"steps": 30, "episodes": 96, "batch_sequences": 8, "skip_options": 0.0},
     "rl": {"loss": {"loss_agg": "token-mean"}, "optim": {"lr": 1e-3}}}
