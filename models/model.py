@@ -185,7 +185,18 @@ def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
         for index, layer_params in enumerate(params["layers"]):
             x, out = body(x, (layer_params, jax.tree.map(lambda a, i=index: a[i], cache)))
             outputs.append(out)
-        return embedder.final_norm(x), jax.tree.map(lambda *a: jnp.stack(a), *outputs)
+        # As a scan's, the outputs exist only once every layer has run. Unrolled, the last
+        # layer's new K/V do not depend on its attention, so nothing orders that layer's
+        # read of a KV pool before a caller's in-place write of these outputs into it, and
+        # XLA copies the whole pool to keep the read safe (per decoded token). Adding a zero
+        # computed from `x` orders them; `x != x` keeps it zero when `x` holds inf or NaN.
+        # (An optimization barrier did not remove the copies: XLA CPU, jax 0.10.2.)
+        # The zero is made in each output's (float) dtype: XLA folds an integer `* 0`.
+        probe = x.reshape(-1)[0]
+        is_nan = probe != probe
+        stacked = jax.tree.map(lambda *a: jnp.stack(a) + is_nan.astype(a[0].dtype) * 0,
+                               *outputs)
+        return embedder.final_norm(x), stacked
     x, cache = jax.lax.scan(body, x, (params["layers"], cache))
     return embedder.final_norm(x), cache
 

@@ -121,21 +121,6 @@ def write_slots(page_table_BP: jax.Array, positions_BT: jax.Array, valid_BT: jax
     return page_BT, positions_BT % page_size
 
 
-def after_every_layer(hidden, k_new, v_new):
-    """`(k_new, v_new)` made to depend on `hidden`, the output of every layer's attention.
-
-    With the layers unrolled, the last layer's new K/V exist before that layer's attention
-    has read the pool, so nothing orders that read before `write_kv` updates the pool in
-    place, and XLA copies the whole pool to keep the read safe (twice per call: a K and a
-    V pool, every decoded token). Adding a zero computed from `hidden` orders them; the
-    zero comes from `x != x`, so it stays zero when `hidden` holds inf or NaN.
-    An optimization barrier over the same values did not remove the copies (XLA CPU,
-    jax 0.10.2)."""
-    probe = hidden.reshape(-1)[0]
-    zero = (probe != probe).astype(k_new.dtype) * 0
-    return k_new + zero, v_new + zero
-
-
 def write_kv(pages_LPSKH: jax.Array, new_LBTKH: jax.Array, page_BT: jax.Array,
              offset_BT: jax.Array) -> jax.Array:
     """Scatter every layer's new K (or V) into the pool; in place when the pool is donated."""

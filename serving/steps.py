@@ -22,7 +22,6 @@ from tidejax.serving.kv_pool import KVPages
 from tidejax.serving.paged_attention import (
     PackedAux,
     PagedAux,
-    after_every_layer,
     packed_attend,
     paged_attend,
     write_kv,
@@ -136,7 +135,6 @@ def paged_hidden(config: ModelConfig, kernel: str, page_size: int, params: Param
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
     hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_BT, positions_BT,
                                             paged_attend, layers, aux)
-    k_new, v_new = after_every_layer(hidden_BTD, k_new, v_new)
     trash = kv.k.shape[1] - 1
     page_BT, offset_BT = write_slots(page_table_BP, positions_BT, write_BT, page_size, trash)
     kv = KVPages(write_kv(kv.k, k_new, page_BT, offset_BT), write_kv(kv.v, v_new, page_BT, offset_BT))
@@ -191,7 +189,6 @@ def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
     hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_T[None], positions_T[None],
                                             packed_attend, layers, aux)
-    k_new, v_new = after_every_layer(hidden_BTD, k_new, v_new)
     trash = kv.k.shape[1] - 1
     index_T = jnp.clip(positions_T // page_size, 0, page_table_RP.shape[1] - 1)
     page_T = jnp.where(real_T & write_R[seg_T], page_table_RP[seg_T, index_T], trash)

@@ -83,8 +83,11 @@ def params_fingerprint(params) -> list[list[int]]:
     Stacked, element j of layer i weighs `1 + i*n + j` (n the layer's element count)."""
     if not isinstance(params["layers"], tuple):
         return fingerprint(params)
-    combined = fingerprint(params["embedder"])
-    per_layer = [fingerprint(layer) for layer in params["layers"]]
+    # One device-to-host transfer for all of them.
+    embedder, *per_layer = [[[int(v) for v in np.asarray(f)] for f in fp] for fp in
+                            jax.device_get([_fingerprint(params["embedder"])]
+                                           + [_fingerprint(layer) for layer in params["layers"]])]
+    combined = embedder
     sizes = [leaf.size for leaf in jax.tree.leaves(params["layers"][0])]
     for j, size in enumerate(sizes):
         total = sum(fp[j][0] for fp in per_layer)
