@@ -193,3 +193,26 @@ def test_request_level_routes_whole_groups_to_the_least_loaded_rank(monkeypatch)
     ranks = [next(iter(r)) for _, r in sorted(by_group.items())]
     assert sorted(ranks) == [0, 0, 1, 1]
     assert len(buffer.take(100, trainer_version=0)) == 4
+
+
+def test_aclose_ends_a_task_that_lost_its_first_cancellation():
+    """Python 3.11's `wait_for` can swallow a cancellation (its future completing in the
+    same loop turn); aclose cancels again until no task is left instead of hanging."""
+    async def scenario():
+        async def lost_cancel():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # what a swallowed cancellation looks like from here
+            await asyncio.sleep(3600)
+
+        manager = RolloutManager.__new__(RolloutManager)  # aclose needs only its task set
+        manager._running = set()
+        task = asyncio.get_running_loop().create_task(lost_cancel())
+        manager._running.add(task)
+        task.add_done_callback(manager._running.discard)
+        await asyncio.sleep(0)
+        await asyncio.wait_for(manager.aclose(), timeout=10)
+        assert task.cancelled() and not manager._running
+
+    asyncio.run(scenario())

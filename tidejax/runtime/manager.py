@@ -358,7 +358,16 @@ class RolloutManager:
         return c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
 
     async def aclose(self) -> None:
-        for task in list(self._running):
-            task.cancel()
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+        """Cancel every task and wait until none is left. A cancellation can be lost (in
+        Python 3.11 `asyncio.wait_for` returns the result instead when its future completes
+        in the same loop turn, as an env call's can), and a task ending can start another,
+        so the tasks still running are cancelled again every second rather than awaited
+        once: a CI run hung here for 10 minutes with every rank dead."""
+        while self._running:
+            pending = list(self._running)
+            for task in pending:
+                task.cancel()
+            done, _ = await asyncio.wait(pending, timeout=1.0)
+            for task in done:  # retrieved, as gather(return_exceptions=True) did
+                if not task.cancelled():
+                    task.exception()
