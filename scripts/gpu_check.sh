@@ -55,17 +55,19 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee -
 # Decode: paged engine vs bare dense-cache forward, random bf16 weights drawn on the device,
 # 64 slots; bytes per step vs the HBM roofline, host ms per step; "stacked layers" is the
 # engine fed the weights stacked (the layer scan the engine used before it held them per
-# layer). The WebShop-shaped prefill padding is host-side arithmetic, measured on the CPU
+# layer); "pallas" the engine decoding through its Pallas kernel (attention="pallas",
+# never yet run on a GPU: a failure here is a finding). The WebShop-shaped prefill padding is host-side arithmetic, measured on the CPU
 # (--skip-padding).
 run engine_0.5b 170 python3 -m tidejax.bench.engine --preset qwen2.5-0.5b --slots 64 \
     --skip-trace --skip-padding
 run engine_7b 200 python3 -m tidejax.bench.engine --preset qwen2.5-7b --slots 64 \
     --skip-trace --skip-padding --timed-steps 64 --rounds 2 \
-    --decoders engine,bare,engine_live_span,engine_stacked_layers
+    --decoders engine,bare,engine_live_span,engine_stacked_layers,engine_pallas
 # Is the stacked-layer scan copying each layer's weights per token? (7B layer shapes, bf16)
 run layer_scan_probe 90 python3 "$repo/scripts/layer_scan_probe.py" --layers 8 --d 3584 \
     --f 18944 --dtype bfloat16
-# Decode attention alone at 7B head shapes: the engine's gather vs JAX's Pallas GPU kernel.
+# Decode attention alone at 7B head shapes: the engine's gather vs JAX's Pallas GPU kernel
+# and tidejax's own.
 run paged_attention_probe 90 python3 "$repo/scripts/paged_attention_probe.py"
 # The whole job for two steps on this one GPU at Qwen2.5-0.5B shapes (random weights, bf16):
 # sync, since one device means rollout and training take turns on it.

@@ -1,4 +1,4 @@
-"""Decode attention alone: the engine's gather kernel against JAX's Pallas GPU paged kernel.
+"""Decode attention alone: the engine's gather kernel against two Pallas GPU kernels.
 
 One decode step's attention for `--slots` rows at Qwen2.5-7B head shapes (28 query heads,
 4 KV heads, head dim 128), each row holding a random number of cached tokens. The engine's
@@ -6,12 +6,15 @@ One decode step's attention for `--slots` rows at Qwen2.5-7B head shapes (28 que
 Pallas kernel (`jax.experimental.pallas.ops.gpu.paged_attention`) reads a `[K, P, S, H]`
 pool into which the new token was written first (vLLM's order). Checks they agree, then
 (on a GPU) times both and prints the bytes of live K/V each step must read per second.
-On a CPU the Pallas kernel runs in interpret mode: parity only, at `--pages 8`.
+tidejax's own kernel (`serving.pallas_attention`, the engine's `attention="pallas"`) reads the
+engine's pool as it is and takes the new token beside it. On a CPU the Pallas kernels run
+in interpret mode: parity only, at `--pages 8`.
 
     python scripts/paged_attention_probe.py --slots 4 --pages 8     # CPU parity
     python scripts/paged_attention_probe.py                          # GPU: parity + timing
 
-Last line: `pallas_over_gather_time=<x> gather_gbps=<y> pallas_gbps=<z>` (nan on CPU).
+Last line: `pallas_over_gather_time=<x> gather_gbps=<y> pallas_gbps=<z>
+tidejax_over_gather_time=<x> tidejax_gbps=<y>` (nan on CPU).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.gpu import paged_attention as pallas_paged
 
+from tidejax.serving.pallas_attention import paged_decode_attention
 from tidejax.serving.paged_attention import gather_kernel
 
 
@@ -90,16 +94,31 @@ def main() -> None:
     print(f"backend={jax.default_backend()} slots={B} pages/row={pages} heads={N}/{K}x{H} "
           f"dtype={dtype.name}: relative difference {error:.2e}")
     assert error < (2e-2 if dtype == jnp.bfloat16 else 1e-4), error
+    # tidejax's own kernel reads the engine's [L, P, S, K, H] pool (here L = 1) as it is and
+    # folds the new token in itself.
+    ours = jax.jit(lambda q, k_new, v_new, k_pool, v_pool, table, cached: paged_decode_attention(
+        q, k_new, v_new, k_pool, v_pool, jnp.int32(0), table, cached, interpret=not on_gpu))
+    ours_args = [as_device(q[:, 0]), as_device(k_new[:, 0]), as_device(v_new[:, 0]),
+                 as_device(k_pool[None]), as_device(v_pool[None]), jnp.asarray(table),
+                 jnp.asarray(cached)]
+    ours_error = (np.linalg.norm(np.asarray(ours(*ours_args), np.float32) - want)
+                  / np.linalg.norm(want))
+    print(f"tidejax kernel: relative difference {ours_error:.2e}")
+    assert ours_error < (2e-2 if dtype == jnp.bfloat16 else 1e-4), ours_error
     if not on_gpu:
-        print("pallas_over_gather_time=nan gather_gbps=nan pallas_gbps=nan")
+        print("pallas_over_gather_time=nan gather_gbps=nan pallas_gbps=nan "
+              "tidejax_over_gather_time=nan tidejax_gbps=nan")
         return
     live_bytes = 2 * float((cached + 1).sum()) * K * H * dtype.itemsize
     t_gather = median_seconds(lambda: gather(*gather_args), args.rounds)
     t_pallas = median_seconds(lambda: pallas(*pallas_args), args.rounds)
-    print(f"gather {t_gather * 1e3:.3f} ms, pallas {t_pallas * 1e3:.3f} ms for "
-          f"{live_bytes / 1e6:.1f} MB of live K/V")
+    t_ours = median_seconds(lambda: ours(*ours_args), args.rounds)
+    print(f"gather {t_gather * 1e3:.3f} ms, pallas {t_pallas * 1e3:.3f} ms, tidejax "
+          f"{t_ours * 1e3:.3f} ms for {live_bytes / 1e6:.1f} MB of live K/V")
     print(f"pallas_over_gather_time={t_pallas / t_gather:.3f} "
-          f"gather_gbps={live_bytes / t_gather / 1e9:.1f} pallas_gbps={live_bytes / t_pallas / 1e9:.1f}")
+          f"gather_gbps={live_bytes / t_gather / 1e9:.1f} pallas_gbps={live_bytes / t_pallas / 1e9:.1f} "
+          f"tidejax_over_gather_time={t_ours / t_gather:.3f} "
+          f"tidejax_gbps={live_bytes / t_ours / 1e9:.1f}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ class EngineConfig:
     most `max_pages_per_seq` pages, so `max_seq_len = page_size * max_pages_per_seq`.
     Prompts are padded up to the smallest of `prefill_buckets` that fits the tokens left
     after the prefix-cache hit. `max_stop_tokens` bounds the per-slot stop-id table.
-    `attention` names the paged-attention kernel (see `serving.paged_attention.KERNELS`).
+    `attention` names the paged-attention kernel (see `serving.paged_attention.KERNELS`):
+    "gather" (plain JAX) or "pallas" (decode through `serving.pallas_attention`; one-device
+    ranks; interpreted, so slow, off GPUs).
     """
 
     page_size: int = 16
@@ -77,11 +79,15 @@ class EngineConfig:
     # (less memory traffic; logits move by float rounding, ~1e-6 relative, so a sampled
     # token can in rare near-ties differ from "full").
     attention_span: str = "full"
-    # Prefill several admitted requests' new tokens packed in calls of the largest bucket
-    # (segment ids; a request splits across calls where one fills), so only a batch's
-    # last call pads. Off by default: the attention reduction differs from the one-request
-    # prefill's, so logits move by float rounding (tokens can differ in rare near-ties).
-    prefill_packing: bool = False
+    # Prefill several admitted requests' new tokens packed in calls of up to the largest
+    # bucket, as rows of `prefill_row_tokens` (a request fills consecutive rows and pads
+    # only its last; it splits across calls where one fills). False: one request per call,
+    # padded to its bucket (the engine before issue 16; the attention reductions differ,
+    # so logits differ by float rounding and a token can differ in a rare near-tie).
+    prefill_packing: bool = True
+    # Smaller rows pad less (half a row per request on average); each row gathers its
+    # request's cached pages, so a call's gather grows with its rows. Divides every bucket.
+    prefill_row_tokens: int = 16
     # Tokens per slot one generate dispatch decodes (an on-device loop). Higher hides more
     # host time; a slot that stops early idles for the rest of the call, and the env sees
     # a finished turn up to this many steps (plus one call, results being read a call
@@ -93,7 +99,7 @@ class EngineConfig:
 
     def __post_init__(self):
         for name in ("page_size", "num_pages", "max_slots", "max_pages_per_seq",
-                     "max_stop_tokens", "decode_steps_per_call"):
+                     "max_stop_tokens", "decode_steps_per_call", "prefill_row_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
@@ -110,6 +116,10 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.prefill_buckets: largest bucket {buckets[-1]} "
                              f"exceeds max_seq_len {self.max_seq_len}")
         object.__setattr__(self, "prefill_buckets", buckets)
+        if self.prefill_packing and any(b % self.prefill_row_tokens for b in buckets):
+            raise ValueError(f"EngineConfig.prefill_row_tokens ({self.prefill_row_tokens}) "
+                             f"must divide every prefill bucket {buckets} when "
+                             f"prefill_packing is on")
         if self.max_pages_per_seq > self.num_pages:
             raise ValueError(f"EngineConfig.max_pages_per_seq ({self.max_pages_per_seq}) "
                              f"must be <= num_pages ({self.num_pages})")

@@ -117,6 +117,11 @@ class Engine:
         self.config = config
         self.engine_config = ec = engine_config
         self._mesh = mesh
+        if engine_config.attention == "pallas" and mesh.shape.get("tensor", 1) > 1:
+            # The kernel is a custom call: on a sharded pool XLA would gather it whole.
+            raise ValueError("EngineConfig.attention 'pallas' runs on one-device rollout "
+                             f"ranks; this rank has {mesh.shape['tensor']} devices (use "
+                             "'gather')")
         self._param_shardings, self.kv_sharding, self._replicated = engine_shardings(
             config, mesh)
         self._init_host(ec)
@@ -465,11 +470,16 @@ class Engine:
         ec = self.engine_config
         params = self.params if params is None else params
         trash_row = np.full((ec.max_pages_per_seq,), self.pool.trash_page, np.int32)
-        for mode, bucket in itertools.product(modes, ec.prefill_buckets):
-            self._kv, _ = self._prefill(
-                mode, params, self._kv, np.zeros((bucket,), np.int32), np.int32(1),
-                np.int32(0), trash_row, np.bool_(False), np.uint32(0), np.float32(0),
-                np.int32(0), np.float32(1), np.int32(1), self._stop_row(ec.sampling))
+        if ec.prefill_packing:
+            for mode, bucket in itertools.product(modes, ec.prefill_buckets):
+                self._kv, _ = self._packed_prefill(mode, params, self._kv,
+                                                   *self._empty_packed_call(bucket))
+        else:
+            for mode, bucket in itertools.product(modes, ec.prefill_buckets):
+                self._kv, _ = self._prefill(
+                    mode, params, self._kv, np.zeros((bucket,), np.int32), np.int32(1),
+                    np.int32(0), trash_row, np.bool_(False), np.uint32(0), np.float32(0),
+                    np.int32(0), np.float32(1), np.int32(1), self._stop_row(ec.sampling))
         for mode, num_steps, span in itertools.product(
                 modes, steps_per_call or steps_per_call_options(ec.decode_steps_per_call),
                 self._span_buckets):
@@ -508,79 +518,95 @@ class Engine:
                 return first
 
     def _run_packed_prefills(self, params, pending: Sequence[PendingPrefill]) -> list[ResultTokens]:
-        """Pack the requests' new tokens into calls of the largest bucket (at most
-        `max_slots` segments each), splitting a request across calls where a call fills.
-        Only the last call pads (to its bucket). Returns each request's first token."""
+        """Pack the requests' new tokens into calls of rows of `prefill_row_tokens` (a call
+        holds at most the largest bucket), splitting a request across calls where a call
+        fills. A request pads only its last row; a call's unused rows pad it to its bucket.
+        A request whose cached prefix lies on pages an earlier request has still to write
+        (a GRPO sibling admitted with it) waits for a later call; the calls fill with the
+        requests after it meanwhile. Returns each request's first token."""
         ec = self.engine_config
-        capacity, segments = ec.prefill_buckets[-1], ec.max_slots
+        row_tokens, ps = ec.prefill_row_tokens, ec.page_size
+        capacity = ec.prefill_buckets[-1] // row_tokens  # rows per call
         firsts: list[ResultTokens | None] = [None] * len(pending)
-        call: list[tuple[int, int, int]] = []  # (request index, first token, tokens)
-        room, written = capacity, set()  # pages the call being packed writes
-        ps = ec.page_size
-        for index, p in enumerate(pending):
-            done = p.start
-            while done < len(p.prompt):
-                # A prefix hit on pages an earlier request of this call writes: those K/V
-                # exist only after the call, so this request starts the next one.
-                if written.intersection(p.page_row[:-(-done // ps)].tolist()):
-                    self._packed_call(params, pending, call, firsts)
-                    call, room, written = [], capacity, set()
-                take = min(len(p.prompt) - done, room)
-                call.append((index, done, take))
-                if p.write:
-                    written.update(p.page_row[done // ps:-(-(done + take) // ps)].tolist())
-                done += take
-                room -= take
-                if room == 0 or len(call) == segments:
-                    self._packed_call(params, pending, call, firsts)
-                    call, room, written = [], capacity, set()
-        if call:
+        done = [p.start for p in pending]
+
+        def pages_to_write(index: int) -> set[int]:
+            p = pending[index]
+            if not p.write or done[index] >= len(p.prompt):
+                return set()
+            return set(p.page_row[done[index] // ps:-(-len(p.prompt) // ps)].tolist())
+
+        while any(d < len(p.prompt) for d, p in zip(done, pending)):
+            call: list[tuple[int, int, int]] = []  # (request index, first token, tokens)
+            room, written, unwritten = capacity, set(), set()
+            for index, p in enumerate(pending):
+                if room == 0:
+                    break
+                if done[index] < len(p.prompt):
+                    cached_pages = set(p.page_row[:-(-done[index] // ps)].tolist())
+                    if not cached_pages & (written | unwritten):
+                        take = min(len(p.prompt) - done[index], room * row_tokens)
+                        call.append((index, done[index], take))
+                        if p.write:
+                            written.update(p.page_row[done[index] // ps:
+                                                      -(-(done[index] + take) // ps)].tolist())
+                        done[index] += take
+                        room -= -(-take // row_tokens)
+                # What this request still writes after the call: later ones may not read it.
+                unwritten |= pages_to_write(index)
             self._packed_call(params, pending, call, firsts)
         return firsts
 
     def _packed_call(self, params, pending, call, firsts) -> None:
+        """One packed prefill call of `call`'s pieces, each over consecutive rows."""
         ec = self.engine_config
-        segments = ec.max_slots
-        used = sum(take for _, _, take in call)
-        bucket = ec.bucket_for(used)
-        tokens_T = np.zeros((bucket,), np.int32)
-        segment_T = np.full((bucket,), -1, np.int32)
-        offset_T = np.zeros((bucket,), np.int32)
-        cached_R = np.zeros((segments,), np.int32)
-        table_RP = np.full((segments, ec.max_pages_per_seq), self.pool.trash_page, np.int32)
-        last_R = np.zeros((segments,), np.int32)
-        write_R = np.zeros((segments,), bool)
-        sample_R = np.zeros((segments,), bool)
-        seed_R = np.zeros((segments,), np.uint32)
-        temperature_R = np.zeros((segments,), np.float32)
-        top_k_R = np.zeros((segments,), np.int32)
-        top_p_R = np.ones((segments,), np.float32)
-        max_new_R = np.ones((segments,), np.int32)
-        stop_RS = np.full((segments, ec.max_stop_tokens), -1, np.int32)
-        at, span = 0, 1
-        for r, (index, first, take) in enumerate(call):
+        row_tokens = ec.prefill_row_tokens
+        used_rows = sum(-(-take // row_tokens) for _, _, take in call)
+        arrays = self._empty_packed_call(ec.bucket_for(used_rows * row_tokens))
+        (tokens_RC, segment_R, position_R, num_real_R, cached_R, table_RP, write_R, sample_R,
+         seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS) = arrays
+        row, sample_rows = 0, []
+        for segment, (index, first, take) in enumerate(call):
             p = pending[index]
-            tokens_T[at:at + take] = p.prompt[first:first + take]
-            segment_T[at:at + take] = r
-            offset_T[at:at + take] = np.arange(take)
-            cached_R[r], table_RP[r], last_R[r], write_R[r] = first, p.page_row, at + take - 1, p.write
-            sample_R[r] = first + take == len(p.prompt)
             s = p.sampling
-            seed_R[r], temperature_R[r], top_k_R[r], top_p_R[r] = (s.seed, s.temperature, s.top_k,
-                                                                   s.top_p)
-            max_new_R[r], stop_RS[r] = s.max_new_tokens, self._stop_row(s)
-            span = max(span, self.pool.pages.pages_for(first))
-            at += take
-        span = next(b for b in self._span_buckets if b >= span)
+            for at in range(first, first + take, row_tokens):
+                real = min(row_tokens, first + take - at)
+                tokens_RC[row, :real] = p.prompt[at:at + real]
+                segment_R[row], position_R[row], num_real_R[row] = segment, at, real
+                cached_R[row], table_RP[row], write_R[row] = first, p.page_row, p.write
+                seed_R[row], temperature_R[row], top_k_R[row], top_p_R[row] = (
+                    s.seed, s.temperature, s.top_k, s.top_p)
+                max_new_R[row], stop_RS[row] = s.max_new_tokens, self._stop_row(s)
+                row += 1
+            if first + take == len(p.prompt):
+                sample_R[row - 1] = True
+                sample_rows.append((index, row - 1))
         mode = sampling_mode(zip(temperature_R.tolist(), top_k_R.tolist(), top_p_R.tolist()))
-        self._kv, result = self._packed_prefill(
-            span, mode, params, self._kv, tokens_T, segment_T, offset_T, cached_R, table_RP, last_R,
-            write_R, sample_R, seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS)
-        self._counts["padded"] += bucket
+        self._kv, result = self._packed_prefill(mode, params, self._kv, *arrays)
+        self._counts["padded"] += tokens_RC.size
         self._counts["prefills"] += 1
-        for r, (index, first, take) in enumerate(call):
-            if sample_R[r]:
-                firsts[index] = ResultTokens(result.data[r:r + 1])
+        for index, row in sample_rows:
+            firsts[index] = ResultTokens(result.data[row:row + 1])
+
+    def _empty_packed_call(self, bucket: int) -> tuple[np.ndarray, ...]:
+        """The host arrays of a packed prefill call of `bucket` tokens, every row empty (its
+        writes go to the trash page): the arguments of `packed_prefill_step` after `kv`."""
+        ec = self.engine_config
+        rows = bucket // ec.prefill_row_tokens
+        return (np.zeros((rows, ec.prefill_row_tokens), np.int32),  # tokens
+                np.full((rows,), -1, np.int32),  # segment
+                np.zeros((rows,), np.int32),  # position of the row's first token
+                np.zeros((rows,), np.int32),  # real tokens
+                np.zeros((rows,), np.int32),  # cached length
+                np.full((rows, ec.max_pages_per_seq), self.pool.trash_page, np.int32),
+                np.zeros((rows,), bool),  # write
+                np.zeros((rows,), bool),  # sample
+                np.zeros((rows,), np.uint32),  # seed
+                np.zeros((rows,), np.float32),  # temperature
+                np.zeros((rows,), np.int32),  # top_k
+                np.ones((rows,), np.float32),  # top_p
+                np.ones((rows,), np.int32),  # max new tokens
+                np.full((rows, ec.max_stop_tokens), -1, np.int32))
 
     def _stop_row(self, sampling: SamplingParams) -> np.ndarray:
         stop = np.full((self.engine_config.max_stop_tokens,), -1, np.int32)
@@ -600,7 +626,7 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     new weights) does not recompile. Compiled lazily, once per input shape (bucket)."""
     kv_out = KVPages(kv_sharding, kv_sharding)
     # Static arguments: the sampling mode (all steps), and (num_steps, span_pages) of
-    # generate / span_pages of a packed prefill. One executable per combination in use.
+    # generate. One executable per combination in use.
     prefill = jax.jit(
         functools.partial(steps.prefill_step, config, attention, page_size, max_seq_len),
         static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
@@ -612,7 +638,7 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     free = jax.jit(steps.free_step, donate_argnums=(0,), out_shardings=replicated)
     packed_prefill = jax.jit(
         functools.partial(steps.packed_prefill_step, config, page_size, max_seq_len),
-        static_argnums=(0, 1), donate_argnums=(3,), out_shardings=(kv_out, replicated))
+        static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
     return prefill, generate, insert, free, packed_prefill
 
 

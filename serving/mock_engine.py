@@ -32,6 +32,7 @@ class MockEngine(Engine):
         self.params = None
         self._prefill, self._generate = self._mock_prefill, self._mock_generate
         self._insert, self._free = self._mock_insert, self._mock_free
+        self._packed_prefill = self._mock_packed_prefill
 
     def load_params(self, params):
         return params
@@ -46,7 +47,7 @@ class MockEngine(Engine):
     def compile_counts(self) -> dict[str, int]:
         return {"prefill": 0, "generate": 0, "insert": 0, "free": 0, "packed_prefill": 0}
 
-    # The four "device" steps, in numpy.
+    # The five "device" steps, in numpy.
     def _row(self, token, done, position, generated, valid=1) -> np.ndarray:
         return np.array([token, self.logprob.view(np.int32), valid, done, position, generated],
                         np.int32)
@@ -58,6 +59,19 @@ class MockEngine(Engine):
         done = token in set(stop_S.tolist()) or max_new <= 1 or \
             position >= self.engine_config.max_seq_len
         return kv, ResultTokens(self._row(token, int(done), position, 1)[None])
+
+    def _mock_packed_prefill(self, mode, params, kv, tokens_RC, segment_R, position_R,
+                             num_real_R, cached_len_R, page_table_RP, write_R, sample_R, seed_R,
+                             temperature_R, top_k_R, top_p_R, max_new_R, stop_RS):
+        rows = []
+        for r in range(len(segment_R)):
+            real = max(int(num_real_R[r]), 1)
+            token = (int(tokens_RC[r, real - 1]) + 1) % self.vocab_size
+            position = int(position_R[r]) + int(num_real_R[r])
+            done = token in set(stop_RS[r].tolist()) or max_new_R[r] <= 1 or \
+                position >= self.engine_config.max_seq_len
+            rows.append(self._row(token, int(done), position, 1, int(sample_R[r])))
+        return kv, ResultTokens(np.stack(rows))
 
     def _mock_insert(self, state: DecodeState, slot, first: ResultTokens, row: SlotRow
                      ) -> DecodeState:

@@ -9,8 +9,9 @@ chunk's own new keys. The hook never writes the pool: it returns the chunk's K/V
 scan output, and `write_kv` scatters all layers' new K/V into the (donated) pool once
 after the layer scan. Writing inside the scan would rebuild a layer slice per layer.
 
-The attention core is a *kernel* chosen by name (`KERNELS`), so a Pallas / GPU paged
-kernel can replace the plain-JAX gather without touching the engine.
+The attention core is a *kernel* chosen by name (`KERNELS`): "gather" (plain JAX: each
+row's pages gathered into a contiguous view) or "pallas" (decode through
+`serving.pallas_attention`, which reads only live pages; prefill chunks gather).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from tidejax.models.model import gqa_attention
+from tidejax.serving.pallas_attention import paged_decode_attention
 
 
 class PagedAux(NamedTuple):
@@ -33,8 +35,6 @@ class PagedAux(NamedTuple):
     kernel: str  # static: a key of KERNELS
 
 
-# kernel(q_BTNH, k_new_BTKH, v_new_BTKH, k_pages_PSKH, v_pages_PSKH, page_table_BP,
-#        cached_len_B) -> out_BTNH, with *_PSKH one layer's pages.
 Kernel = Callable[..., jax.Array]
 
 
@@ -58,57 +58,92 @@ def gather_kernel(q_BTNH, k_new_BTKH, v_new_BTKH, k_pages_PSKH, v_pages_PSKH, pa
     return gqa_attention(q_BTNH, k_all, v_all, mask)
 
 
-KERNELS: dict[str, Kernel] = {"gather": gather_kernel}
+def _gather_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer, page_table_BP,
+                  cached_len_B) -> jax.Array:
+    k_pages = jax.lax.dynamic_index_in_dim(k_pool, layer, 0, keepdims=False)
+    v_pages = jax.lax.dynamic_index_in_dim(v_pool, layer, 0, keepdims=False)
+    return gather_kernel(q_BTNH, k_new_BTKH, v_new_BTKH, k_pages, v_pages, page_table_BP,
+                         cached_len_B)
+
+
+def _pallas_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer, page_table_BP,
+                  cached_len_B) -> jax.Array:
+    """Decode tokens through the Pallas kernel (interpreted off GPUs); prefill chunks
+    through the gather."""
+    if q_BTNH.shape[1] != 1:
+        return _gather_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer,
+                             page_table_BP, cached_len_B)
+    out = paged_decode_attention(q_BTNH[:, 0], k_new_BTKH[:, 0], v_new_BTKH[:, 0], k_pool,
+                                 v_pool, layer, page_table_BP, cached_len_B,
+                                 interpret=jax.default_backend() != "gpu")
+    return out[:, None]
+
+
+# kernel(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool_LPSKH, v_pool_LPSKH, layer, page_table_BP,
+#        cached_len_B) -> out_BTNH: the whole stacked pool and the layer's index, so a kernel
+# that is a custom call reads the layer in place.
+KERNELS: dict[str, Kernel] = {"gather": _gather_layer, "pallas": _pallas_layer}
 
 
 class PackedAux(NamedTuple):
-    """A packed prefill chunk: `T` new tokens of up to `R` requests (segments) in one row."""
+    """A packed prefill call: `R` rows of `C` new tokens, each row one piece of one request
+    (a request's piece spans consecutive rows; only its last row pads)."""
 
     k_pages: jax.Array  # [L, P, page_size, K, H], read-only here
     v_pages: jax.Array
-    page_table_RP: jax.Array  # each segment's pages (only the first span pages are read)
-    cached_len_R: jax.Array  # tokens of each segment already in the pool
-    segment_T: jax.Array  # int32 segment of each token, -1 for padding
+    page_table_RP: jax.Array  # each row's request's pages
+    cached_len_R: jax.Array  # tokens of the row's request in the pool before this call
+    segment_R: jax.Array  # int32 request of each row within the call, -1 for an empty row
+    position_RC: jax.Array  # int32 position of each token in its sequence
+    real_RC: jax.Array  # bool: a real token (not row padding)
 
 
-def packed_gather_attention(q_TNH, k_new_TKH, v_new_TKH, k_pages_PSKH, v_pages_PSKH,
-                            page_table_RP, cached_len_R, segment_T) -> jax.Array:
-    """Each token attends to its own segment's cached keys and, causally, to its segment's
-    new keys in the chunk (tokens of a segment are contiguous and in position order)."""
-    segments = page_table_RP.shape[0]
+def packed_gather_attention(q_RCNH, k_new_RCKH, v_new_RCKH, k_pages_PSKH, v_pages_PSKH,
+                            page_table_RP, cached_len_R, segment_R, position_RC, real_RC
+                            ) -> jax.Array:
+    """Each row attends to its own request's cached pages (gathered per row, so a call's
+    memory grows with its rows, not with the engine's slots) and to the new keys of the
+    whole call that belong to the same request, causally by position."""
+    rows, chunk = q_RCNH.shape[:2]
     num_kv, head_dim = k_pages_PSKH.shape[2:]
-    k_cached = k_pages_PSKH[page_table_RP].reshape(1, -1, num_kv, head_dim)  # [1, R*S, K, H]
-    v_cached = v_pages_PSKH[page_table_RP].reshape(1, -1, num_kv, head_dim)
-    span = k_cached.shape[1] // segments
-    key_segment_S = jnp.repeat(jnp.arange(segments), span)
-    key_position_S = jnp.tile(jnp.arange(span), segments)
-    cached_mask_TS = ((segment_T[:, None] == key_segment_S[None])
-                      & (key_position_S[None] < cached_len_R[key_segment_S][None]))
-    chunk = q_TNH.shape[0]
-    new_mask_TT = ((segment_T[:, None] == segment_T[None]) & (segment_T[None] >= 0)
-                   & jnp.tril(jnp.ones((chunk, chunk), bool)))
-    dtype = q_TNH.dtype
-    k_all = jnp.concatenate([k_cached.astype(dtype), k_new_TKH[None].astype(dtype)], axis=1)
-    v_all = jnp.concatenate([v_cached.astype(dtype), v_new_TKH[None].astype(dtype)], axis=1)
-    mask = jnp.concatenate([cached_mask_TS, new_mask_TT], axis=-1)[None]
-    return gqa_attention(q_TNH[None], k_all, v_all, mask)[0]
+    k_cached = k_pages_PSKH[page_table_RP].reshape(rows, -1, num_kv, head_dim)
+    v_cached = v_pages_PSKH[page_table_RP].reshape(rows, -1, num_kv, head_dim)
+    span = k_cached.shape[1]
+    cached_mask_RCS = jnp.broadcast_to(
+        jnp.arange(span)[None, None, :] < cached_len_R[:, None, None], (rows, chunk, span))
+    # Keys of the call: every row's new tokens, flattened; a row sees its request's only.
+    key_segment_T = jnp.repeat(segment_R, chunk)
+    key_position_T = position_RC.reshape(-1)
+    key_real_T = real_RC.reshape(-1)
+    new_mask_RCT = ((key_segment_T[None, None] == segment_R[:, None, None])
+                    & key_real_T[None, None]
+                    & (key_position_T[None, None] <= position_RC[:, :, None]))
+    dtype = q_RCNH.dtype
+
+    def call_keys(x_RCKH):
+        flat = x_RCKH.reshape(1, rows * chunk, num_kv, head_dim).astype(dtype)
+        return jnp.broadcast_to(flat, (rows, rows * chunk, num_kv, head_dim))
+
+    k_all = jnp.concatenate([k_cached.astype(dtype), call_keys(k_new_RCKH)], axis=1)
+    v_all = jnp.concatenate([v_cached.astype(dtype), call_keys(v_new_RCKH)], axis=1)
+    mask = jnp.concatenate([cached_mask_RCS, new_mask_RCT], axis=-1)
+    return gqa_attention(q_RCNH, k_all, v_all, mask)
 
 
-def packed_attend(q_BTNH, k_BTKH, v_BTKH, layer, aux: PackedAux):
-    """The `attend` hook of a packed prefill (B = 1); `layer` is this layer's index."""
+def packed_attend(q_RCNH, k_RCKH, v_RCKH, layer, aux: PackedAux):
+    """The `attend` hook of a packed prefill (rows as the batch); `layer` is this layer's
+    index."""
     k_pages = jax.lax.dynamic_index_in_dim(aux.k_pages, layer, 0, keepdims=False)
     v_pages = jax.lax.dynamic_index_in_dim(aux.v_pages, layer, 0, keepdims=False)
-    out = packed_gather_attention(q_BTNH[0], k_BTKH[0], v_BTKH[0], k_pages, v_pages,
-                                  aux.page_table_RP, aux.cached_len_R, aux.segment_T)
-    return out[None], (k_BTKH, v_BTKH)
+    out = packed_gather_attention(q_RCNH, k_RCKH, v_RCKH, k_pages, v_pages, aux.page_table_RP,
+                                  aux.cached_len_R, aux.segment_R, aux.position_RC, aux.real_RC)
+    return out, (k_RCKH, v_RCKH)
 
 
 def paged_attend(q_BTNH, k_BTKH, v_BTKH, layer, aux: PagedAux):
     """The `attend` hook. `layer` (the scanned cache slice) is this layer's index."""
-    k_pages = jax.lax.dynamic_index_in_dim(aux.k_pages, layer, 0, keepdims=False)
-    v_pages = jax.lax.dynamic_index_in_dim(aux.v_pages, layer, 0, keepdims=False)
-    out = KERNELS[aux.kernel](q_BTNH, k_BTKH, v_BTKH, k_pages, v_pages, aux.page_table_BP,
-                              aux.cached_len_B)
+    out = KERNELS[aux.kernel](q_BTNH, k_BTKH, v_BTKH, aux.k_pages, aux.v_pages, layer,
+                              aux.page_table_BP, aux.cached_len_B)
     return out, (k_BTKH, v_BTKH)
 
 

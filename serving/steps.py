@@ -5,7 +5,8 @@ Each function is compiled by `Engine` once per static shape (prefill bucket, att
 span, tokens per call, sampling mode), with the KV pages and the decode state donated, so
 steady-state serving neither recompiles nor copies the pool. No step branches on device
 values: a generate call runs a fixed number of steps and slots stop by masks.
-Shapes: B decode slots, T chunk tokens, R packed segments, Pmax pages per sequence, V vocab.
+Shapes: B decode slots, T chunk tokens, R packed rows of C tokens, Pmax pages per sequence,
+V vocab.
 """
 
 from __future__ import annotations
@@ -132,9 +133,18 @@ def paged_hidden(config: ModelConfig, kernel: str, page_size: int, params: Param
     chunk = tokens_BT.shape[1]
     positions_BT = cached_len_B[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None]
     aux = PagedAux(kv.k, kv.v, page_table_BP[:, :span_pages], cached_len_B, kernel)
+    return _layers_then_write(config, page_size, params, kv, tokens_BT, positions_BT,
+                              page_table_BP, write_BT, paged_attend, aux)
+
+
+def _layers_then_write(config: ModelConfig, page_size: int, params: Params, kv: KVPages,
+                       tokens_BT, positions_BT, page_table_BP, write_BT, attend, aux
+                       ) -> tuple[jax.Array, KVPages]:
+    """Run every layer with the `attend` hook, then scatter all layers' new K/V into the
+    pool at once (where `write_BT`; elsewhere into the trash page)."""
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
-    hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_BT, positions_BT,
-                                            paged_attend, layers, aux)
+    hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_BT, positions_BT, attend,
+                                            layers, aux)
     trash = kv.k.shape[1] - 1
     page_BT, offset_BT = write_slots(page_table_BP, positions_BT, write_BT, page_size, trash)
     kv = KVPages(write_kv(kv.k, k_new, page_BT, offset_BT), write_kv(kv.v, v_new, page_BT, offset_BT))
@@ -172,31 +182,31 @@ def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: 
 
 
 def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
-                        span_pages: int, mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, segment_T,
-                        offset_T, cached_len_R, page_table_RP, last_R, write_R, sample_R,
-                        seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS
-                        ) -> tuple[KVPages, ResultTokens]:
-    """Prefill pieces of up to R requests packed in one chunk (segment ids, no padding
-    between them). Segment r's tokens sit at positions `cached_len_R[r] + offset_T`; its
-    K/V is written where `write_R[r]`. For segments with `sample_R` (their prompt's last
-    piece) the token after index `last_R[r]` is sampled. Returns results `[R, 6]`.
+                        mode: tuple[bool, bool], params: Params, kv: KVPages,
+                        tokens_RC, segment_R, position_R, num_real_R, cached_len_R,
+                        page_table_RP, write_R, sample_R, seed_R, temperature_R, top_k_R,
+                        top_p_R, max_new_R, stop_RS) -> tuple[KVPages, ResultTokens]:
+    """Prefill pieces of several requests in one call of `R` rows of `C` tokens: row r
+    holds `num_real_R[r]` new tokens of request `segment_R[r]` at positions
+    `position_R[r] + c` (a request's piece fills consecutive rows; -1 marks an empty row).
+    Rows see their request's pool pages below `cached_len_R` and the call's new tokens of
+    the same request. K/V is written where `write_R`; for rows with `sample_R` (the last
+    row of a prompt) the token after the row's last real token is sampled. Results `[R, 6]`.
+    Rows read their whole page table: one program per bucket and sampling mode (prefill is
+    compute-bound; a span per live length would multiply the programs to compile).
     """
     TRACE_COUNTS["packed_prefill"] += 1
-    real_T = segment_T >= 0
-    seg_T = jnp.maximum(segment_T, 0)
-    positions_T = cached_len_R[seg_T] + offset_T
-    aux = PackedAux(kv.k, kv.v, page_table_RP[:, :span_pages], cached_len_R, segment_T)
-    layers = jnp.arange(config.num_layers, dtype=jnp.int32)
-    hidden_BTD, (k_new, v_new) = run_layers(config, params, tokens_T[None], positions_T[None],
-                                            packed_attend, layers, aux)
-    trash = kv.k.shape[1] - 1
-    index_T = jnp.clip(positions_T // page_size, 0, page_table_RP.shape[1] - 1)
-    page_T = jnp.where(real_T & write_R[seg_T], page_table_RP[seg_T, index_T], trash)
-    offset_in_page_T = positions_T % page_size
-    kv = KVPages(write_kv(kv.k, k_new, page_T[None], offset_in_page_T[None]),
-                 write_kv(kv.v, v_new, page_T[None], offset_in_page_T[None]))
-    logits = _logits(config, params, hidden_BTD[0, last_R])
-    position_R = positions_T[last_R] + 1
+    chunk = tokens_RC.shape[1]
+    positions_RC = position_R[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None]
+    real_RC = (jnp.arange(chunk)[None] < num_real_R[:, None]) & (segment_R[:, None] >= 0)
+    aux = PackedAux(kv.k, kv.v, page_table_RP, cached_len_R, segment_R, positions_RC, real_RC)
+    hidden_RCD, kv = _layers_then_write(config, page_size, params, kv, tokens_RC, positions_RC,
+                                        page_table_RP, real_RC & write_R[:, None],
+                                        packed_attend, aux)
+    last_R = jnp.maximum(num_real_R - 1, 0)
+    last_RD = jnp.take_along_axis(hidden_RCD, last_R[:, None, None], axis=1)[:, 0]
+    logits = _logits(config, params, last_RD)
+    position_R = position_R + num_real_R
     token, logprob = sample_tokens(logits, jax.vmap(seed_key_data)(seed_R), position_R,
                                    temperature_R, top_k_R, top_p_R, mode)
     done = (jnp.any(token[:, None] == stop_RS, axis=1) | (max_new_R <= 1)

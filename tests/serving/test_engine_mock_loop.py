@@ -13,7 +13,8 @@ from tidejax.serving import (
 )
 
 CONFIG = EngineConfig(page_size=4, num_pages=16, max_slots=2, max_pages_per_seq=8,
-                      prefill_buckets=(8, 16), sampling=SamplingParams.greedy())
+                      prefill_buckets=(8, 16), prefill_row_tokens=8,
+                      sampling=SamplingParams.greedy())
 
 
 def test_mock_engine_api_by_hand():

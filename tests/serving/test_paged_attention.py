@@ -8,7 +8,12 @@ import numpy as np
 from tidejax.models.model import gqa_attention, output_kernel
 from tidejax.models.testing import tiny_config
 from tidejax.serving.kv_pool import KVPool, init_kv_pages
-from tidejax.serving.paged_attention import gather_kernel, write_kv, write_slots
+from tidejax.serving.paged_attention import (
+    gather_kernel,
+    packed_gather_attention,
+    write_kv,
+    write_slots,
+)
 from tidejax.serving.steps import paged_hidden
 from tidejax.serving.testing import random_params
 
@@ -26,6 +31,7 @@ def scatter_into_pages(k_dense, v_dense, table, cached, num_pages, page_size):
             k_pages[table[b, pos // page_size], pos % page_size] = k_dense[b, pos]
             v_pages[table[b, pos // page_size], pos % page_size] = v_dense[b, pos]
     return k_pages, v_pages
+
 
 def test_gather_kernel_matches_dense_causal_attention():
     rng = np.random.default_rng(0)
@@ -152,3 +158,57 @@ def test_span_bounded_gather_matches_dense_for_ragged_shared_and_edge_rows():
     want = jax.jit(gqa_attention)(q, k_dense, v_dense, mask)
     np.testing.assert_allclose(bounded, want, atol=1e-5)
     np.testing.assert_allclose(bounded, full, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_rows_match_dense_attention_per_request():
+    """A packed prefill call's attention (rows of C new tokens, each row one request's
+    piece) equals dense causal attention request by request: ragged cached lengths, a
+    piece spread over two rows, a piece of exactly one row, a partial last row, a cached
+    prefix ending mid-page, two requests sharing prefix pages, and an empty row."""
+    rng = np.random.default_rng(7)
+    heads, kv_heads, head_dim, page_size, max_pages, num_pages, chunk = 4, 2, 8, 4, 8, 48, 4
+    cached = np.array([6, 0, 13, 8])  # request 3 shares request 0's first two pages
+    new = np.array([7, 4, 1, 3])  # request 0: rows of 4 + 3; request 1: exactly one row
+    requests = len(cached)
+    k_dense = rng.normal(size=(requests, max_pages * page_size, kv_heads, head_dim)
+                         ).astype(np.float32)
+    v_dense = rng.normal(size=k_dense.shape).astype(np.float32)
+    table = rng.permutation(num_pages)[: requests * max_pages].reshape(requests, max_pages)
+    k_dense[3, :8], v_dense[3, :8] = k_dense[0, :8], v_dense[0, :8]
+    table[3, :2] = table[0, :2]
+    k_pages, v_pages = scatter_into_pages(k_dense, v_dense, table, cached, num_pages, page_size)
+    q_dense = rng.normal(size=(requests, max_pages * page_size, heads, head_dim)
+                         ).astype(np.float32)
+    # Lay the pieces out in rows; row 5 is empty (segment -1).
+    rows = 6
+    q_rows = np.zeros((rows, chunk, heads, head_dim), np.float32)
+    k_rows = np.zeros((rows, chunk, kv_heads, head_dim), np.float32)
+    v_rows = np.zeros_like(k_rows)
+    segment = np.full(rows, -1, np.int32)
+    position = np.zeros((rows, chunk), np.int32)
+    real = np.zeros((rows, chunk), bool)
+    row_table = np.zeros((rows, max_pages), np.int32)
+    row_cached = np.zeros(rows, np.int32)
+    placed = []  # (row, column, request, position)
+    row = 0
+    for r in range(requests):
+        for start in range(0, new[r], chunk):
+            count = min(chunk, new[r] - start)
+            positions = cached[r] + start + np.arange(count)
+            q_rows[row, :count] = q_dense[r, positions]
+            k_rows[row, :count] = k_dense[r, positions]
+            v_rows[row, :count] = v_dense[r, positions]
+            segment[row], row_table[row], row_cached[row] = r, table[r], cached[r]
+            position[row] = cached[r] + start + np.arange(chunk)
+            real[row, :count] = True
+            placed += [(row, c, r, p) for c, p in enumerate(positions)]
+            row += 1
+    assert row == rows - 1
+    got = jax.jit(packed_gather_attention)(q_rows, k_rows, v_rows, k_pages, v_pages, row_table,
+                                          row_cached, segment, position, real)
+    mask = np.arange(k_dense.shape[1])[None, None, :] <= np.arange(k_dense.shape[1])[None, :, None]
+    want = jax.jit(gqa_attention)(q_dense, k_dense, v_dense, np.broadcast_to(
+        mask, (requests, *mask.shape[1:])))
+    for row, column, r, p in placed:
+        np.testing.assert_allclose(got[row, column], want[r, p], atol=1e-5,
+                                   err_msg=f"row {row} column {column}")

@@ -160,18 +160,28 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
         (model_config.num_layers, ec.num_pages + 1, ec.page_size, model_config.num_kv_heads,
          model_config.head_dim), model_config.jnp_dtype, sharding=kv_sharding)
     kv = KVPages(page, page)
-    prefill, generate, _, _, _ = _compiled_steps(model_config, ec.attention, ec.page_size,
-                                              ec.max_seq_len, kv_sharding, replicated)
+    prefill, generate, _, _, packed_prefill = _compiled_steps(
+        model_config, ec.attention, ec.page_size, ec.max_seq_len, kv_sharding, replicated)
 
     def scalar(dtype, shape=()):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
 
     i32, f32 = jnp.int32, jnp.float32
     chunk = ec.prefill_buckets[-1]
-    pre = prefill.lower((True, True), params, kv, scalar(i32, (chunk,)), scalar(i32), scalar(i32),
-                        scalar(i32, (ec.max_pages_per_seq,)), scalar(jnp.bool_),
-                        scalar(jnp.uint32), scalar(f32), scalar(i32), scalar(f32), scalar(i32),
-                        scalar(i32, (ec.max_stop_tokens,))).compile()
+    if ec.prefill_packing:  # rows of the largest bucket
+        rows, row_tokens = chunk // ec.prefill_row_tokens, ec.prefill_row_tokens
+        row_args = [scalar(i32, (rows, row_tokens))] + [scalar(i32, (rows,))] * 4 + [
+            scalar(i32, (rows, ec.max_pages_per_seq)), scalar(jnp.bool_, (rows,)),
+            scalar(jnp.bool_, (rows,)), scalar(jnp.uint32, (rows,)), scalar(f32, (rows,)),
+            scalar(i32, (rows,)), scalar(f32, (rows,)), scalar(i32, (rows,)),
+            scalar(i32, (rows, ec.max_stop_tokens))]
+        pre = packed_prefill.lower((True, True), params, kv, *row_args).compile()
+    else:
+        pre = prefill.lower((True, True), params, kv, scalar(i32, (chunk,)), scalar(i32),
+                            scalar(i32), scalar(i32, (ec.max_pages_per_seq,)),
+                            scalar(jnp.bool_), scalar(jnp.uint32), scalar(f32), scalar(i32),
+                            scalar(f32), scalar(i32), scalar(i32, (ec.max_stop_tokens,))
+                            ).compile()
     state = jax.eval_shape(lambda: serving_steps.init_decode_state(
         ec.max_slots, ec.max_pages_per_seq, ec.max_stop_tokens, 0))
     state = jax.tree.map(lambda a: scalar(a.dtype, a.shape), state)

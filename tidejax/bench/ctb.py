@@ -71,7 +71,13 @@ def main(argv=None) -> None:
     parser.add_argument("--num-pages", type=int, default=256)
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefill-buckets", default="256,768",
+                        help="comma-separated prefill buckets (the job's default: 256,768)")
     args = parser.parse_args(argv)
+    try:
+        buckets = tuple(int(b) for b in args.prefill_buckets.split(","))
+    except ValueError:
+        parser.error(f"--prefill-buckets: not comma-separated ints: {args.prefill_buckets!r}")
     logging.basicConfig(level=logging.WARNING, force=True)
     demos = expert_demonstrations("webshop", 32, seed=args.seed)
     import tempfile
@@ -84,7 +90,7 @@ def main(argv=None) -> None:
     config = models.presets["tiny"].replace(vocab_size=2048)
     params = models.init_params(config, jax.random.key(args.seed))
     ec = EngineConfig(page_size=16, num_pages=args.num_pages, max_slots=8, max_pages_per_seq=96,
-                      prefill_buckets=(256, 768))
+                      prefill_buckets=buckets)
     engines = [make_engine(config, params, [d], ec) for d in jax.devices()[:args.ranks]]
     for engine in engines:  # every shape (buckets, tokens per call, sampling modes) up front
         engine.warm_up()

@@ -24,7 +24,8 @@ step is the CPU time of the thread driving a `RequestLoop` (`time.thread_time`: 
 work runs on other threads) per decode step (one token for every slot). Prefill padding
 is the share of padded prefill tokens on a WebShop-shaped multi-turn trace (first prompt
 ~400 tokens, ~350-token observations appended per turn, the job's (256, 768) buckets),
-one request per call (the default) and packed (`prefill_packing=True`, the last line's).
+packed in rows (the default, the last line's) and one request per call
+(`prefill_packing=False`).
 
 The last line is `engine_overhead_ratio=<engine tok/s / bare tok/s> request_level_hit_rate=<x>
 roofline_fraction=<x> host_ms_per_step=<y> prefill_padding=<z>`.
@@ -157,7 +158,9 @@ def bare_decoder(config: ModelConfig, params, bench: BenchConfig):
 
 
 DECODERS = ("engine", "bare", "engine_live_span", "engine_one_per_call", "engine_sampled",
-            "engine_stacked_layers")
+            "engine_stacked_layers", "engine_pallas")
+# Off GPUs the Pallas kernel runs in Pallas's interpreter: a parity check, not a speed.
+GPU_ONLY_DECODERS = ("engine_pallas",)
 
 
 def decode_rates(config: ModelConfig, params, bench: BenchConfig,
@@ -176,6 +179,8 @@ def decode_rates(config: ModelConfig, params, bench: BenchConfig,
                                                  SamplingParams(temperature=1.0)),
         "engine_stacked_layers": lambda: engine_decoder(config, params, bench, greedy,
                                                         stacked_layers=True),
+        "engine_pallas": lambda: engine_decoder(config, params, bench, greedy,
+                                                attention="pallas"),
     }
     decoders = {name: builders[name]() for name in DECODERS if name in names}
     best = dict.fromkeys(decoders, float("inf"))
@@ -377,13 +382,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None,
                         help="override the preset's depth (a memory-bound CPU run)")
     parser.add_argument("--dtype", default=None, help="override the preset's dtype")
-    parser.add_argument("--decoders", default=",".join(DECODERS),
-                        help=f"comma-separated subset of {','.join(DECODERS)} (engine and bare "
+    parser.add_argument("--decoders", default=None,
+                        help=f"comma-separated subset of {','.join(DECODERS)} (default: all; "
+                             f"off GPUs all but {','.join(GPU_ONLY_DECODERS)}; engine and bare "
                              "are always run: the last line needs them)")
     parser.add_argument("--skip-padding", action="store_true",
                         help="no WebShop-shaped prefill padding (host-side arithmetic, the same "
                              "on any device; prints nan)")
     args = parser.parse_args(argv)
+    if args.decoders is None:
+        args.decoders = ",".join(d for d in DECODERS if jax.default_backend() == "gpu"
+                                 or d not in GPU_ONLY_DECODERS)
     names = set(args.decoders.split(",")) | {"engine", "bare"}
     if names - set(DECODERS):
         parser.error(f"--decoders: unknown {sorted(names - set(DECODERS))}; choose from {DECODERS}")
@@ -402,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"decode tok/s: engine(greedy)={engine_rate:.0f} bare_dense(argmax)={bare_rate:.0f} "
           f"engine(temperature=1)={sampled_rate:.0f} engine(live span)="
           f"{rates['engine_live_span']:.0f} engine(1 token/call)={rates['engine_one_per_call']:.0f} "
-          f"engine(stacked layers)={rates['engine_stacked_layers']:.0f}")
+          f"engine(stacked layers)={rates['engine_stacked_layers']:.0f} "
+          f"engine(pallas decode attention)={rates['engine_pallas']:.0f}")
     hit_rate = float("nan")
     if not args.skip_trace:
         hit_rate, steps = run_trace(config, params, bench, pin_demo=False)
@@ -428,12 +438,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_padding:
         trace_config = EngineConfig(page_size=16, num_pages=2048, max_slots=bench.slots,
                                     max_pages_per_seq=96, prefill_buckets=(256, 768))
-        unpacked = webshop_shaped_padding(config, params, trace_config)
-        padding = webshop_shaped_padding(config, params,
-                                         trace_config.replace(prefill_packing=True))
-        print(f"webshop-shaped trace: prefill padding {unpacked:.3f} of prefill tokens one "
-              f"request per call (default), {padding:.3f} packed (prefill_packing=True; the "
-              f"last line's)")
+        padding = webshop_shaped_padding(config, params, trace_config)
+        unpacked = webshop_shaped_padding(config, params,
+                                          trace_config.replace(prefill_packing=False))
+        print(f"webshop-shaped trace: prefill padding {padding:.3f} of prefill tokens packed "
+              f"in rows of {trace_config.prefill_row_tokens} (the default; the last line's), "
+              f"{unpacked:.3f} one request per call (prefill_packing=False)")
     print(f"engine_overhead_ratio={engine_rate / bare_rate:.3f} request_level_hit_rate={hit_rate:.3f} "
           f"roofline_fraction={roofline:.4f} host_ms_per_step={host_ms:.3f} "
           f"prefill_padding={padding:.3f}")
