@@ -201,28 +201,30 @@ def trainer_features(shape: ModelShape, devices: int, batch: TrainerBatch,
 
 
 # Fitted by `python -m tidejax.bench.memory --calibrate` (least squares, relative error)
-# over compiled peaks at Qwen2.5-0.5B and 7B shapes (`TRAINER_CALIBRATION`,
-# `ENGINE_CALIBRATION` there), on jax 0.10.2; see the module docstring.
+# over compiled peaks at Qwen2.5-0.5B and 7B shapes, 7B also at full depth and the GPU
+# config's batch (`TRAINER_CALIBRATION`, `ENGINE_CALIBRATION` there; packed prefill), on
+# jax 0.10.2, 2026-12-04; see the module docstring.
 TRAINER_COEFFS: dict[str, dict[str, float]] = {
-    "sft": {"tables": 0.6642, "layer_scores": 2.589, "saved_acts": 1.897, "logits": 1.643,
-        "hidden": 16.38, "grads": 1},
-    "fused": {"tables": 0.5272, "layer_scores": 2.303, "saved_acts": 1.851, "logits": 1.468,
-        "hidden": 25.44, "grads": 1},
-    "forward": {"grads": 0.1048, "tables": 0.3253, "layer": 0.5816, "carry": 1.677,
-        "layer_scores": 2.458, "saved_acts": 1.96, "saved_scores": 2.524, "logits": 0.7255},
-    "backward": {"tables": 0.5523, "layer": 0.1648, "carry": 5.273, "layer_scores": 2.18,
-        "saved_acts": 3.771, "saved_scores": 0.4965, "logits": 1.014, "hidden": 30.03,
-        "grads": 1},
-    "ref_colocated": {"tables": 0.314, "layer": 0.2665, "layer_scores": 1.442,
-        "saved_scores": 0.02764, "logits": 0.3779},
-    "update": {"layer": 0.000103, "one": 3.142e+04, "grads": 1},
-    "ref": {"tables": 0.2934, "layer": 0.2883, "layer_scores": 1.367, "saved_scores": 0.03088,
-        "logits": 0.4454},
+    "sft": {"tables": 0.5923, "layer_scores": 2.463, "saved_acts": 1.864, "logits": 1.767,
+        "hidden": 18.27, "grads": 1.0},
+    "fused": {"tables": 0.4836, "layer_scores": 2.225, "saved_acts": 1.826, "logits": 1.566,
+        "hidden": 26.41, "grads": 1.0},
+    "forward": {"grads": 0.2843, "tables": 0.3177, "layer": 0.4471, "carry": 2.424,
+        "layer_scores": 2.452, "saved_acts": 1.754, "saved_scores": 2.684, "logits": 0.559},
+    "backward": {"tables": 0.5157, "layer": 0.2443, "carry": 2.791, "layer_scores": 2.189,
+        "saved_acts": 3.86, "saved_scores": 0.4246, "logits": 1.112, "hidden": 31.58,
+        "grads": 1.0},
+    "ref_colocated": {"tables": 0.2952, "layer": 0.2823, "layer_scores": 1.423,
+        "saved_scores": 0.02353, "logits": 0.4217},
+    "update": {"tables": 2.285e-06, "layer": 5.915e-05, "carry": 0.001196,
+        "saved_scores": 1.316e-05, "one": 8436.0, "grads": 1.0},
+    "ref": {"tables": 0.2528, "layer": 0.3296, "layer_scores": 1.312, "saved_scores": 0.03102,
+        "logits": 0.5296},
 }
 ENGINE_COEFFS: dict[str, dict[str, float]] = {
-    "prefill": {"slots_gather": 0.1477, "seq_gather": 10.31, "prefill_acts": 5.047,
-        "prefill_scores": 2.244},
-    "decode": {"slots_gather": 1.025, "seq_gather": 14.08},
+    "prefill": {"slots_gather": 0.1091, "prefill_acts": 3.731, "prefill_scores": 3.055},
+    "decode": {"slots_gather": 0.8771, "seq_gather": 6.55, "prefill_acts": 0.1286,
+        "prefill_scores": 0.03566, "slot_logits": 3.74},
 }
 
 
