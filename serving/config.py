@@ -96,10 +96,16 @@ class EngineConfig:
     # The request-level loop admits a request only if this many free-or-evictable pages
     # would remain for decode growth after its prefill (vLLM's watermark).
     admission_watermark_pages: int = 1
+    # New prompt tokens the request-level loop prefills between two generate dispatches
+    # (a step admits requests until their new tokens reach it; at least one request): 64
+    # slots filling at once would otherwise stall every running slot's decode for all of
+    # their prefills (vLLM's max_num_batched_tokens plays this part).
+    prefill_tokens_per_step: int = 4096
 
     def __post_init__(self):
         for name in ("page_size", "num_pages", "max_slots", "max_pages_per_seq",
-                     "max_stop_tokens", "decode_steps_per_call", "prefill_row_tokens"):
+                     "max_stop_tokens", "decode_steps_per_call", "prefill_row_tokens",
+                     "prefill_tokens_per_step"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

@@ -1,7 +1,8 @@
 """Host driver: request-level continuous batching over an `Engine`, with policy hooks.
 
 One host thread owns a `RequestLoop`. Each `step()` (1) asks the policy which waiting
-requests to admit and prefills/inserts them while slots and pages allow, (2) dispatches
+requests to admit and prefills/inserts them (packed in shared calls) while slots, pages
+and the step's prefill budget (`prefill_tokens_per_step` new tokens) allow, (2) dispatches
 one `generate` (up to `decode_steps_per_call` tokens for all slots), preempting a running
 request (policy's choice) when a slot cannot get its pages, and (3) only then reads the
 *previous* dispatch's packed results (copied to the host asynchronously while the device
@@ -335,11 +336,12 @@ class RequestLoop:
         engine = self.engine
         admitted = 0
         order = self.policy.admission_order([r for r, _ in self._waiting], self.view())
-        batch, claimed = [], set()
+        batch, claimed, new_tokens = [], set(), 0
+        budget = engine.engine_config.prefill_tokens_per_step
         running = {a.task_id for a in self._active.values()}
         for request in order:
             free = [slot for slot in engine.free_slots() if slot not in claimed]
-            if not free:
+            if not free or new_tokens >= budget:
                 break
             task_id = request.task_id if request.task_id is not None else request.request_id
             if task_id in running:
@@ -355,6 +357,7 @@ class RequestLoop:
             except PoolFull:
                 break
             batch.append((self._pop_waiting(request), free[0], begun))
+            new_tokens += len(begun.prompt) - begun.start
             claimed.add(free[0])
             running.add(task_id)
         if batch:

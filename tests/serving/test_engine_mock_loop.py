@@ -200,3 +200,27 @@ def test_multi_token_dispatch_stops_each_slot_and_returns_unused_pages():
     assert engine.accounting().pinned_tokens == 8
     assert engine.pool.pages.tokens("A") == 5
     engine.pool.check()
+
+
+def test_admission_prefills_at_most_the_token_budget_between_decode_dispatches():
+    """Eight 10-token prompts and a 25-token budget: each step admits requests until their
+    new tokens reach 25 (three per step), so the running slots decode between admissions
+    instead of waiting for all eight prefills; every request still completes."""
+    config = CONFIG.replace(max_slots=8, num_pages=64, prefill_tokens_per_step=25)
+    engine = MockEngine(config)
+    loop = RequestLoop(engine)
+    for i in range(8):
+        loop.submit(Request(i, f"t{i}", [10 * i + j for j in range(10)], 12))
+    running = []
+    for _ in range(3):
+        loop.step()
+        running.append(8 - len(engine.free_slots()))
+    assert running == [3, 6, 8]
+    done = {c.request_id: c for c in loop.run()}
+    assert sorted(done) == list(range(8)) and all(len(c.token_ids) == 12 for c in done.values())
+    engine.pool.check()
+
+
+def test_prefill_token_budget_is_validated():
+    with pytest.raises(ValueError, match="prefill_tokens_per_step"):
+        CONFIG.replace(prefill_tokens_per_step=0)
