@@ -61,8 +61,8 @@ class EngineConfig:
     Prompts are padded up to the smallest of `prefill_buckets` that fits the tokens left
     after the prefix-cache hit. `max_stop_tokens` bounds the per-slot stop-id table.
     `attention` names the paged-attention kernel (see `serving.paged_attention.KERNELS`):
-    "gather" (plain JAX) or "pallas" (decode through `serving.pallas_attention`; one-device
-    ranks; interpreted, so slow, off GPUs).
+    "gather" (plain JAX) or "pallas" (decode through `serving.pallas_attention`;
+    interpreted, so slow, off GPUs).
     """
 
     page_size: int = 16

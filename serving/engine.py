@@ -34,6 +34,7 @@ from tidejax.serving import steps
 from tidejax.serving.config import EngineConfig, SamplingParams
 from tidejax.serving.kv_pool import KVPages, KVPool, init_kv_pages
 from tidejax.serving.page_pool import PoolFull, PoolUsage
+from tidejax.serving.paged_attention import bind_kernel
 from tidejax.serving.sampling import sampling_mode
 from tidejax.serving.steps import DecodeState, ResultTokens, SlotRow
 
@@ -117,11 +118,6 @@ class Engine:
         self.config = config
         self.engine_config = ec = engine_config
         self._mesh = mesh
-        if engine_config.attention == "pallas" and mesh.shape.get("tensor", 1) > 1:
-            # The kernel is a custom call: on a sharded pool XLA would gather it whole.
-            raise ValueError("EngineConfig.attention 'pallas' runs on one-device rollout "
-                             f"ranks; this rank has {mesh.shape['tensor']} devices (use "
-                             "'gather')")
         self._param_shardings, self.kv_sharding, self._replicated = engine_shardings(
             config, mesh)
         self._init_host(ec)
@@ -625,6 +621,7 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
     """The jitted steps, shared by engines of equal shapes so a rebuilt engine (new rank,
     new weights) does not recompile. Compiled lazily, once per input shape (bucket)."""
     kv_out = KVPages(kv_sharding, kv_sharding)
+    attention = bind_kernel(attention, kv_sharding.mesh)
     # Static arguments: the sampling mode (all steps), and (num_steps, span_pages) of
     # generate. One executable per combination in use.
     prefill = jax.jit(

@@ -16,11 +16,13 @@ row's pages gathered into a contiguous view) or "pallas" (decode through
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 from tidejax.models.model import gqa_attention
 from tidejax.serving.pallas_attention import paged_decode_attention
 
@@ -32,7 +34,7 @@ class PagedAux(NamedTuple):
     v_pages: jax.Array
     page_table_BP: jax.Array  # int32 pool page ids; unused entries point at any page
     cached_len_B: jax.Array  # int32 tokens of each sequence already in the pool
-    kernel: str  # static: a key of KERNELS
+    kernel: str | Kernel  # static: a key of KERNELS, or one bound to a mesh (bind_kernel)
 
 
 Kernel = Callable[..., jax.Array]
@@ -67,22 +69,40 @@ def _gather_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer, page_ta
 
 
 def _pallas_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer, page_table_BP,
-                  cached_len_B) -> jax.Array:
+                  cached_len_B, mesh: Mesh | None = None) -> jax.Array:
     """Decode tokens through the Pallas kernel (interpreted off GPUs); prefill chunks
-    through the gather."""
+    through the gather. On a tensor-parallel rank (`mesh` with a "tensor" axis over the
+    pool's KV heads) each device runs the kernel on its own heads: a custom call is not
+    partitioned by XLA, which would otherwise gather the whole pool onto every device."""
     if q_BTNH.shape[1] != 1:
         return _gather_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer,
                              page_table_BP, cached_len_B)
-    out = paged_decode_attention(q_BTNH[:, 0], k_new_BTKH[:, 0], v_new_BTKH[:, 0], k_pool,
-                                 v_pool, layer, page_table_BP, cached_len_B,
-                                 interpret=jax.default_backend() != "gpu")
-    return out[:, None]
+
+    def kernel(q, k_new, v_new, k_pool, v_pool, layer, page_table, cached_len):
+        return paged_decode_attention(q, k_new, v_new, k_pool, v_pool, layer, page_table,
+                                      cached_len, interpret=jax.default_backend() != "gpu")
+
+    args = (q_BTNH[:, 0], k_new_BTKH[:, 0], v_new_BTKH[:, 0], k_pool, v_pool, layer,
+            page_table_BP, cached_len_B)
+    tensor = 1 if mesh is None else mesh.shape.get("tensor", 1)
+    if tensor > 1 and k_pool.shape[3] % tensor == 0:
+        heads = PartitionSpec(None, "tensor", None)
+        pool = PartitionSpec(None, None, None, "tensor", None)
+        kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(
+            heads, heads, heads, pool, pool, PartitionSpec(), PartitionSpec(), PartitionSpec()),
+            out_specs=heads, check_vma=False)
+    return kernel(*args)[:, None]
 
 
 # kernel(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool_LPSKH, v_pool_LPSKH, layer, page_table_BP,
 #        cached_len_B) -> out_BTNH: the whole stacked pool and the layer's index, so a kernel
 # that is a custom call reads the layer in place.
 KERNELS: dict[str, Kernel] = {"gather": _gather_layer, "pallas": _pallas_layer}
+
+
+def bind_kernel(name: str, mesh: Mesh) -> Kernel:
+    """The kernel `name` for a rank on `mesh` (what `PagedAux.kernel` carries)."""
+    return functools.partial(_pallas_layer, mesh=mesh) if name == "pallas" else KERNELS[name]
 
 
 class PackedAux(NamedTuple):
@@ -142,8 +162,9 @@ def packed_attend(q_RCNH, k_RCKH, v_RCKH, layer, aux: PackedAux):
 
 def paged_attend(q_BTNH, k_BTKH, v_BTKH, layer, aux: PagedAux):
     """The `attend` hook. `layer` (the scanned cache slice) is this layer's index."""
-    out = KERNELS[aux.kernel](q_BTNH, k_BTKH, v_BTKH, aux.k_pages, aux.v_pages, layer,
-                              aux.page_table_BP, aux.cached_len_B)
+    kernel = KERNELS[aux.kernel] if isinstance(aux.kernel, str) else aux.kernel
+    out = kernel(q_BTNH, k_BTKH, v_BTKH, aux.k_pages, aux.v_pages, layer, aux.page_table_BP,
+                 aux.cached_len_B)
     return out, (k_BTKH, v_BTKH)
 
 

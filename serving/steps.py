@@ -21,6 +21,7 @@ from tidejax.models.config import ModelConfig
 from tidejax.models.model import Params, output_kernel, run_layers
 from tidejax.serving.kv_pool import KVPages
 from tidejax.serving.paged_attention import (
+    Kernel,
     PackedAux,
     PagedAux,
     packed_attend,
@@ -121,7 +122,7 @@ def init_decode_state(max_slots: int, max_pages_per_seq: int, max_stop_tokens: i
     )
 
 
-def paged_hidden(config: ModelConfig, kernel: str, page_size: int, params: Params,
+def paged_hidden(config: ModelConfig, kernel: str | Kernel, page_size: int, params: Params,
                  kv: KVPages, tokens_BT, cached_len_B, page_table_BP, write_BT,
                  span_pages: int | None = None) -> tuple[jax.Array, KVPages]:
     """Hidden states of a chunk at positions `cached_len_B + t`, over the cached pages.
@@ -156,7 +157,7 @@ def _logits(config: ModelConfig, params: Params, hidden_BD) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
-def prefill_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
+def prefill_step(config: ModelConfig, kernel: str | Kernel, page_size: int, max_seq_len: int,
                  mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, num_new, cached_len, page_row_P, write,
                  seed, temperature, top_k, top_p, max_new, stop_S
                  ) -> tuple[KVPages, ResultTokens]:
@@ -218,7 +219,7 @@ def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
     return kv, ResultTokens(data)
 
 
-def generate_step(config: ModelConfig, kernel: str, page_size: int, max_seq_len: int,
+def generate_step(config: ModelConfig, kernel: str | Kernel, page_size: int, max_seq_len: int,
                   num_steps: int, span_pages: int, mode: tuple[bool, bool], params: Params,
                   kv: KVPages,
                   state: DecodeState, page_table_BP) -> tuple[KVPages, DecodeState, ResultTokens]:

@@ -1,5 +1,8 @@
 """The Pallas decode kernel: parity with dense attention (in Pallas's interpreter on CPU),
-lowering for a GPU through Triton at Qwen2.5 shapes, and the engine's guard."""
+lowering for a GPU through Triton at Qwen2.5 shapes, and a tensor-parallel rank."""
+
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +11,10 @@ import pytest
 from tidejax.models.model import gqa_attention
 from tidejax.serving.pallas_attention import paged_decode_attention
 from tidejax.serving.testing import tiny_engine, tiny_engine_config
+
+from golden_tokens import run_golden
+
+GOLDEN = pathlib.Path(__file__).parent / "data" / "golden_tokens.json"
 
 
 def test_kernel_matches_dense_attention_for_ragged_shared_and_edge_rows():
@@ -59,6 +66,13 @@ def test_kernel_lowers_for_a_gpu_through_triton(shape):
     assert "triton" in text and "tidejax_paged_decode" in text
 
 
-def test_engine_refuses_pallas_on_a_tensor_parallel_rank():
-    with pytest.raises(ValueError, match="pallas"):
-        tiny_engine(tiny_engine_config(attention="pallas"), devices=jax.devices()[:2])
+def test_two_device_rank_runs_the_kernel_per_device_with_the_recorded_tokens():
+    """On a tensor-parallel rank each device runs the kernel on its own KV heads (a
+    shard_map); the tokens are the recorded engine's."""
+    expected = json.loads(GOLDEN.read_text())
+    got = run_golden(tiny_engine(tiny_engine_config(attention="pallas"),
+                                 devices=jax.devices()[:2]))
+    for rid, want in expected.items():
+        assert got[rid]["tokens"] == want["tokens"], rid
+        np.testing.assert_allclose(got[rid]["logprobs"], want["logprobs"], rtol=1e-5,
+                                   atol=1e-5, err_msg=rid)
