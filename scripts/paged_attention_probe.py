@@ -101,10 +101,16 @@ def main() -> None:
     ours_args = [as_device(q[:, 0]), as_device(k_new[:, 0]), as_device(v_new[:, 0]),
                  as_device(k_pool[None]), as_device(v_pool[None]), jnp.asarray(table),
                  jnp.asarray(cached)]
-    ours_error = (np.linalg.norm(np.asarray(ours(*ours_args), np.float32) - want)
-                  / np.linalg.norm(want))
-    print(f"tidejax kernel: relative difference {ours_error:.2e}")
-    assert ours_error < (2e-2 if dtype == jnp.bfloat16 else 1e-4), ours_error
+    try:  # never yet run on a GPU: a failure must not lose the other timings
+        ours_error = (np.linalg.norm(np.asarray(ours(*ours_args), np.float32) - want)
+                      / np.linalg.norm(want))
+        print(f"tidejax kernel: relative difference {ours_error:.2e}")
+        assert ours_error < (2e-2 if dtype == jnp.bfloat16 else 1e-4), ours_error
+    except Exception as error:  # noqa: BLE001
+        print(f"tidejax kernel failed: {type(error).__name__}: {str(error)[:500]}")
+        if not on_gpu:
+            raise
+        ours = None
     if not on_gpu:
         print("pallas_over_gather_time=nan gather_gbps=nan pallas_gbps=nan "
               "tidejax_over_gather_time=nan tidejax_gbps=nan")
@@ -112,7 +118,8 @@ def main() -> None:
     live_bytes = 2 * float((cached + 1).sum()) * K * H * dtype.itemsize
     t_gather = median_seconds(lambda: gather(*gather_args), args.rounds)
     t_pallas = median_seconds(lambda: pallas(*pallas_args), args.rounds)
-    t_ours = median_seconds(lambda: ours(*ours_args), args.rounds)
+    t_ours = (median_seconds(lambda: ours(*ours_args), args.rounds) if ours is not None
+              else float("nan"))
     print(f"gather {t_gather * 1e3:.3f} ms, pallas {t_pallas * 1e3:.3f} ms, tidejax "
           f"{t_ours * 1e3:.3f} ms for {live_bytes / 1e6:.1f} MB of live K/V")
     print(f"pallas_over_gather_time={t_pallas / t_gather:.3f} "

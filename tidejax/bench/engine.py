@@ -182,7 +182,17 @@ def decode_rates(config: ModelConfig, params, bench: BenchConfig,
         "engine_pallas": lambda: engine_decoder(config, params, bench, greedy,
                                                 attention="pallas"),
     }
-    decoders = {name: builders[name]() for name in DECODERS if name in names}
+    decoders = {}
+    for name in DECODERS:
+        if name not in names:
+            continue
+        try:
+            decoders[name] = builders[name]()
+        except Exception as error:  # noqa: BLE001 - one decoder failing must not lose the rest
+            if name in ("engine", "bare"):
+                raise
+            print(f"decoder {name} failed, reported as nan: {type(error).__name__}: "
+                  f"{str(error)[:500]}", flush=True)
     best = dict.fromkeys(decoders, float("inf"))
     for _ in range(bench.rounds):
         for name, run in decoders.items():
