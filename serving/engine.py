@@ -468,8 +468,8 @@ class Engine:
         trash_row = np.full((ec.max_pages_per_seq,), self.pool.trash_page, np.int32)
         if ec.prefill_packing:
             for mode, bucket in itertools.product(modes, ec.prefill_buckets):
-                self._kv, _ = self._packed_prefill(mode, params, self._kv,
-                                                   *self._empty_packed_call(bucket))
+                self._kv, _ = self._packed_prefill(
+                    mode, params, self._kv, *empty_packed_call(ec, bucket, self.pool.trash_page))
         else:
             for mode, bucket in itertools.product(modes, ec.prefill_buckets):
                 self._kv, _ = self._prefill(
@@ -558,13 +558,14 @@ class Engine:
         ec = self.engine_config
         row_tokens = ec.prefill_row_tokens
         used_rows = sum(-(-take // row_tokens) for _, _, take in call)
-        arrays = self._empty_packed_call(ec.bucket_for(used_rows * row_tokens))
+        arrays = empty_packed_call(ec, ec.bucket_for(used_rows * row_tokens),
+                                   self.pool.trash_page)
         (tokens_RC, segment_R, position_R, num_real_R, cached_R, table_RP, write_R, sample_R,
          seed_R, temperature_R, top_k_R, top_p_R, max_new_R, stop_RS) = arrays
         row, sample_rows = 0, []
         for segment, (index, first, take) in enumerate(call):
             p = pending[index]
-            s = p.sampling
+            s, stop = p.sampling, self._stop_row(p.sampling)
             for at in range(first, first + take, row_tokens):
                 real = min(row_tokens, first + take - at)
                 tokens_RC[row, :real] = p.prompt[at:at + real]
@@ -572,7 +573,7 @@ class Engine:
                 cached_R[row], table_RP[row], write_R[row] = first, p.page_row, p.write
                 seed_R[row], temperature_R[row], top_k_R[row], top_p_R[row] = (
                     s.seed, s.temperature, s.top_k, s.top_p)
-                max_new_R[row], stop_RS[row] = s.max_new_tokens, self._stop_row(s)
+                max_new_R[row], stop_RS[row] = s.max_new_tokens, stop
                 row += 1
             if first + take == len(p.prompt):
                 sample_R[row - 1] = True
@@ -583,26 +584,6 @@ class Engine:
         self._counts["prefills"] += 1
         for index, row in sample_rows:
             firsts[index] = ResultTokens(result.data[row:row + 1])
-
-    def _empty_packed_call(self, bucket: int) -> tuple[np.ndarray, ...]:
-        """The host arrays of a packed prefill call of `bucket` tokens, every row empty (its
-        writes go to the trash page): the arguments of `packed_prefill_step` after `kv`."""
-        ec = self.engine_config
-        rows = bucket // ec.prefill_row_tokens
-        return (np.zeros((rows, ec.prefill_row_tokens), np.int32),  # tokens
-                np.full((rows,), -1, np.int32),  # segment
-                np.zeros((rows,), np.int32),  # position of the row's first token
-                np.zeros((rows,), np.int32),  # real tokens
-                np.zeros((rows,), np.int32),  # cached length
-                np.full((rows, ec.max_pages_per_seq), self.pool.trash_page, np.int32),
-                np.zeros((rows,), bool),  # write
-                np.zeros((rows,), bool),  # sample
-                np.zeros((rows,), np.uint32),  # seed
-                np.zeros((rows,), np.float32),  # temperature
-                np.zeros((rows,), np.int32),  # top_k
-                np.ones((rows,), np.float32),  # top_p
-                np.ones((rows,), np.int32),  # max new tokens
-                np.full((rows, ec.max_stop_tokens), -1, np.int32))
 
     def _stop_row(self, sampling: SamplingParams) -> np.ndarray:
         stop = np.full((self.engine_config.max_stop_tokens,), -1, np.int32)
@@ -637,6 +618,29 @@ def _compiled_steps(config: ModelConfig, attention: str, page_size: int, max_seq
         functools.partial(steps.packed_prefill_step, config, page_size, max_seq_len),
         static_argnums=(0,), donate_argnums=(2,), out_shardings=(kv_out, replicated))
     return prefill, generate, insert, free, packed_prefill
+
+
+def empty_packed_call(engine_config: EngineConfig, bucket: int, trash_page: int
+                      ) -> tuple[np.ndarray, ...]:
+    """The host arguments of a packed prefill call of `bucket` tokens (those of
+    `steps.packed_prefill_step` after `kv`), every row empty: its writes go to the trash
+    page."""
+    ec = engine_config
+    rows = bucket // ec.prefill_row_tokens
+    return (np.zeros((rows, ec.prefill_row_tokens), np.int32),  # tokens
+            np.full((rows,), -1, np.int32),  # segment
+            np.zeros((rows,), np.int32),  # position of the row's first token
+            np.zeros((rows,), np.int32),  # real tokens
+            np.zeros((rows,), np.int32),  # cached length
+            np.full((rows, ec.max_pages_per_seq), trash_page, np.int32),  # page table
+            np.zeros((rows,), bool),  # write
+            np.zeros((rows,), bool),  # sample
+            np.zeros((rows,), np.uint32),  # seed
+            np.zeros((rows,), np.float32),  # temperature
+            np.zeros((rows,), np.int32),  # top_k
+            np.ones((rows,), np.float32),  # top_p
+            np.ones((rows,), np.int32),  # max new tokens
+            np.full((rows, ec.max_stop_tokens), -1, np.int32))  # stop ids
 
 
 def steps_per_call_options(most: int) -> tuple[int, ...]:

@@ -34,7 +34,7 @@ class PagedAux(NamedTuple):
     v_pages: jax.Array
     page_table_BP: jax.Array  # int32 pool page ids; unused entries point at any page
     cached_len_B: jax.Array  # int32 tokens of each sequence already in the pool
-    kernel: str | Kernel  # static: a key of KERNELS, or one bound to a mesh (bind_kernel)
+    kernel: Kernel  # static: `bind_kernel`'s
 
 
 Kernel = Callable[..., jax.Array]
@@ -100,8 +100,8 @@ def _pallas_layer(q_BTNH, k_new_BTKH, v_new_BTKH, k_pool, v_pool, layer, page_ta
 KERNELS: dict[str, Kernel] = {"gather": _gather_layer, "pallas": _pallas_layer}
 
 
-def bind_kernel(name: str, mesh: Mesh) -> Kernel:
-    """The kernel `name` for a rank on `mesh` (what `PagedAux.kernel` carries)."""
+def bind_kernel(name: str, mesh: Mesh | None = None) -> Kernel:
+    """The kernel `name` for a rank on `mesh` (None: one device), as `PagedAux` carries it."""
     return functools.partial(_pallas_layer, mesh=mesh) if name == "pallas" else KERNELS[name]
 
 
@@ -162,9 +162,8 @@ def packed_attend(q_RCNH, k_RCKH, v_RCKH, layer, aux: PackedAux):
 
 def paged_attend(q_BTNH, k_BTKH, v_BTKH, layer, aux: PagedAux):
     """The `attend` hook. `layer` (the scanned cache slice) is this layer's index."""
-    kernel = KERNELS[aux.kernel] if isinstance(aux.kernel, str) else aux.kernel
-    out = kernel(q_BTNH, k_BTKH, v_BTKH, aux.k_pages, aux.v_pages, layer, aux.page_table_BP,
-                 aux.cached_len_B)
+    out = aux.kernel(q_BTNH, k_BTKH, v_BTKH, aux.k_pages, aux.v_pages, layer,
+                     aux.page_table_BP, aux.cached_len_B)
     return out, (k_BTKH, v_BTKH)
 
 

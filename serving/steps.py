@@ -122,7 +122,7 @@ def init_decode_state(max_slots: int, max_pages_per_seq: int, max_stop_tokens: i
     )
 
 
-def paged_hidden(config: ModelConfig, kernel: str | Kernel, page_size: int, params: Params,
+def paged_hidden(config: ModelConfig, kernel: Kernel, page_size: int, params: Params,
                  kv: KVPages, tokens_BT, cached_len_B, page_table_BP, write_BT,
                  span_pages: int | None = None) -> tuple[jax.Array, KVPages]:
     """Hidden states of a chunk at positions `cached_len_B + t`, over the cached pages.
@@ -157,7 +157,7 @@ def _logits(config: ModelConfig, params: Params, hidden_BD) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
-def prefill_step(config: ModelConfig, kernel: str | Kernel, page_size: int, max_seq_len: int,
+def prefill_step(config: ModelConfig, kernel: Kernel, page_size: int, max_seq_len: int,
                  mode: tuple[bool, bool], params: Params, kv: KVPages, tokens_T, num_new, cached_len, page_row_P, write,
                  seed, temperature, top_k, top_p, max_new, stop_S
                  ) -> tuple[KVPages, ResultTokens]:
@@ -207,19 +207,20 @@ def packed_prefill_step(config: ModelConfig, page_size: int, max_seq_len: int,
     last_R = jnp.maximum(num_real_R - 1, 0)
     last_RD = jnp.take_along_axis(hidden_RCD, last_R[:, None, None], axis=1)[:, 0]
     logits = _logits(config, params, last_RD)
-    position_R = position_R + num_real_R
-    token, logprob = sample_tokens(logits, jax.vmap(seed_key_data)(seed_R), position_R,
+    sampled_position_R = position_R + num_real_R
+    token, logprob = sample_tokens(logits, jax.vmap(seed_key_data)(seed_R), sampled_position_R,
                                    temperature_R, top_k_R, top_p_R, mode)
     done = (jnp.any(token[:, None] == stop_RS, axis=1) | (max_new_R <= 1)
-            | (position_R >= max_seq_len))
+            | (sampled_position_R >= max_seq_len))
     ones = jnp.ones_like(token)
     data = jnp.stack([token, jax.lax.bitcast_convert_type(logprob, jnp.int32),
-                      sample_R.astype(jnp.int32), done.astype(jnp.int32), position_R, ones],
+                      sample_R.astype(jnp.int32), done.astype(jnp.int32), sampled_position_R,
+                      ones],
                      axis=1)
     return kv, ResultTokens(data)
 
 
-def generate_step(config: ModelConfig, kernel: str | Kernel, page_size: int, max_seq_len: int,
+def generate_step(config: ModelConfig, kernel: Kernel, page_size: int, max_seq_len: int,
                   num_steps: int, span_pages: int, mode: tuple[bool, bool], params: Params,
                   kv: KVPages,
                   state: DecodeState, page_table_BP) -> tuple[KVPages, DecodeState, ResultTokens]:

@@ -73,8 +73,12 @@ def _fingerprint(tree) -> list[jax.Array]:
     return out
 
 
+def _as_ints(host_fingerprint) -> list[list[int]]:
+    return [[int(v) for v in np.asarray(f)] for f in host_fingerprint]
+
+
 def fingerprint(tree) -> list[list[int]]:
-    return [[int(v) for v in np.asarray(f)] for f in jax.device_get(_fingerprint(tree))]
+    return _as_ints(jax.device_get(_fingerprint(tree)))
 
 
 def params_fingerprint(params) -> list[list[int]]:
@@ -84,10 +88,8 @@ def params_fingerprint(params) -> list[list[int]]:
     if not isinstance(params["layers"], tuple):
         return fingerprint(params)
     # One device-to-host transfer for all of them.
-    embedder, *per_layer = [[[int(v) for v in np.asarray(f)] for f in fp] for fp in
-                            jax.device_get([_fingerprint(params["embedder"])]
-                                           + [_fingerprint(layer) for layer in params["layers"]])]
-    combined = embedder
+    combined, *per_layer = map(_as_ints, jax.device_get(
+        [_fingerprint(params["embedder"])] + [_fingerprint(layer) for layer in params["layers"]]))
     sizes = [leaf.size for leaf in jax.tree.leaves(params["layers"][0])]
     for j, size in enumerate(sizes):
         total = sum(fp[j][0] for fp in per_layer)

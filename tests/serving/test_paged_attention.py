@@ -9,6 +9,7 @@ from tidejax.models.model import gqa_attention, output_kernel
 from tidejax.models.testing import tiny_config
 from tidejax.serving.kv_pool import KVPool, init_kv_pages
 from tidejax.serving.paged_attention import (
+    bind_kernel,
     gather_kernel,
     packed_gather_attention,
     write_kv,
@@ -88,7 +89,8 @@ def test_prefill_over_cached_prefix_matches_cold_prefill():
     @functools.partial(jax.jit, donate_argnums=(0,))
     def prefill(kv, tokens_T, num_new, start, row):
         write = (jnp.arange(bucket) < num_new)[None]
-        hidden, kv = paged_hidden(cfg, "gather", page_size, params, kv, tokens_T[None],
+        hidden, kv = paged_hidden(cfg, bind_kernel("gather"), page_size, params, kv,
+                                  tokens_T[None],
                                   start[None], row[None], write)
         logits = jnp.einsum("btd,dv->btv", hidden, output_kernel(cfg, params))
         return kv, logits[0]

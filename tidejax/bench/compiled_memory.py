@@ -32,7 +32,12 @@ from tidejax.rl.config import RLConfig
 from tidejax.rl.trainer import make_trainer
 from tidejax.serving import steps as serving_steps
 from tidejax.serving.config import EngineConfig
-from tidejax.serving.engine import _compiled_steps, engine_shardings, rank_mesh
+from tidejax.serving.engine import (
+    _compiled_steps,
+    empty_packed_call,
+    engine_shardings,
+    rank_mesh,
+)
 from tidejax.serving.kv_pool import KVPages
 
 
@@ -169,12 +174,7 @@ def engine_peaks(model_config: ModelConfig, engine_config: EngineConfig, devices
     i32, f32 = jnp.int32, jnp.float32
     chunk = ec.prefill_buckets[-1]
     if ec.prefill_packing:  # rows of the largest bucket
-        rows, row_tokens = chunk // ec.prefill_row_tokens, ec.prefill_row_tokens
-        row_args = [scalar(i32, (rows, row_tokens))] + [scalar(i32, (rows,))] * 4 + [
-            scalar(i32, (rows, ec.max_pages_per_seq)), scalar(jnp.bool_, (rows,)),
-            scalar(jnp.bool_, (rows,)), scalar(jnp.uint32, (rows,)), scalar(f32, (rows,)),
-            scalar(i32, (rows,)), scalar(f32, (rows,)), scalar(i32, (rows,)),
-            scalar(i32, (rows, ec.max_stop_tokens))]
+        row_args = [scalar(a.dtype, a.shape) for a in empty_packed_call(ec, chunk, 0)]
         pre = packed_prefill.lower((True, True), params, kv, *row_args).compile()
     else:
         pre = prefill.lower((True, True), params, kv, scalar(i32, (chunk,)), scalar(i32),
