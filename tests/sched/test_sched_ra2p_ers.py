@@ -106,8 +106,93 @@ def test_idle_rollout_gives_the_trainer_a_rank_once_it_persists():
 def test_a_full_batch_ready_does_not_take_rollout_that_is_busy():
     # a one-step pipeline: a full batch is always ready and head-of-line latency is high,
     # but rollout was busy all step; taking a rank is predicted to lengthen the step
-    s = sig(ready_groups=64, hol_s=100.0, last_pressure=1, twt_frac=0.05)
+    # (a move two boundaries ago: too recent for a probe, which is the next test's case)
+    s = sig(ready_groups=64, hol_s=100.0, last_pressure=1, twt_frac=0.05, since_move=2)
     assert ers.plan(s, Partition(16, 16, 0), CFG).partition == Partition(16, 16, 0)
+
+
+# both sides busy: rollout paced at a small batch by the quota (its busy share says nothing
+# about how many ranks it needs), the trainer busy 96% of a 40 s step
+PACED = dict(twt_frac=0.04, rollout_idle_frac=0.04, last_step_s=40.0, t_step_s=40.0,
+             decode_batch=20.0, decode_ctx=2000.0, max_batch=256.0,
+             decode_curve=perf.DecodeCurve(a=5e-3, b=2e-8, c=1e-6, ovh=5e-4, derate=0.7,
+                                           short_ctx=2048))
+
+
+def test_probe_gives_the_trainer_a_rank_and_keeps_it_when_the_step_falls():
+    probe = ers.plan(sig(**PACED), Partition(16, 16, 0), CFG)
+    assert probe.partition == Partition(15, 17, 0) and probe.reason.startswith("probe")
+    assert probe.trial == ers.Trial(Partition(16, 16, 0), 1, 40.0, predicted=False,
+                                    since_revert=1)
+    # measured until cooldown + 1 boundaries have passed (the first step carries the move)
+    for since in (0, 1, 2):
+        hold = ers.plan(sig(**PACED, trial=probe.trial, since_move=since), Partition(15, 17, 0),
+                        CFG)
+        assert hold.partition == Partition(15, 17, 0) and hold.reason == "trial: measuring"
+        assert hold.trial.origin == Partition(16, 16, 0)
+    # 37 s against 40 s before: kept, and (neither side waiting) the next probe follows
+    faster = dict(PACED, last_step_s=37.0, t_step_s=38.0)
+    nxt = ers.plan(sig(**faster, trial=probe.trial, since_move=3), Partition(15, 17, 0), CFG)
+    assert nxt.partition == Partition(14, 18, 0)
+    assert (nxt.trial.origin, nxt.trial.base_step_s) == (Partition(15, 17, 0), 37.0)
+
+
+def test_trial_that_did_not_pay_is_reverted_and_its_direction_backs_off():
+    on_trial = ers.Trial(Partition(16, 16, 0), 1, 40.0)  # a probe
+    slower = dict(PACED, last_step_s=41.0)
+    back = ers.plan(sig(**slower, trial=on_trial, since_move=3), Partition(15, 17, 0), CFG)
+    assert back.partition == Partition(16, 16, 0) and back.reason.startswith("trial reverted")
+    assert back.trial == ers.Trial(refuted_direction=1, refuted=1)
+
+    def later(trial, boundaries):  # the back-off counts boundaries, whatever moved meanwhile
+        for _ in range(boundaries):
+            trial = ers.plan(sig(**PACED, trial=trial, since_move=0), Partition(16, 16, 0),
+                             CFG).trial
+        return trial
+
+    waits = ers.plan(sig(**PACED, trial=later(back.trial, CFG.trial_backoff - 2)),
+                     Partition(16, 16, 0), CFG)
+    assert waits.partition == Partition(16, 16, 0) and waits.reason == "balanced"
+    again = ers.plan(sig(**PACED, trial=waits.trial), Partition(16, 16, 0), CFG)
+    assert again.partition == Partition(15, 17, 0) and again.trial.refuted == 1
+    # a second revert doubles the back-off
+    twice = ers.plan(sig(**slower, trial=again.trial, since_move=3), Partition(15, 17, 0), CFG)
+    assert twice.trial == ers.Trial(refuted_direction=1, refuted=2)
+    held = sig(**PACED, trial=later(twice.trial, 2 * CFG.trial_backoff - 2))
+    assert ers.plan(held, Partition(16, 16, 0), CFG).partition == Partition(16, 16, 0)
+    # a probe's saving below what the move cost (move_cost_s / cooldown a step) is no gain
+    small = dict(PACED, last_step_s=39.0)
+    costly = sig(**small, trial=on_trial, since_move=3, move_cost_s=4.0)
+    assert ers.plan(costly, Partition(15, 17, 0), CFG).partition == Partition(16, 16, 0)
+    cheap = sig(**small, trial=on_trial, since_move=3, move_cost_s=1.0)
+    assert ers.plan(cheap, Partition(15, 17, 0), CFG).partition != Partition(16, 16, 0)
+
+
+def test_a_predicted_move_stays_unless_the_step_clearly_slowed():
+    # the consumption rule's move: the perf model predicted the gain, so measurement noise
+    # within the move's cost per step (2 s here) does not undo it; a clear slowdown does
+    on_trial = ers.Trial(Partition(16, 16, 0), 1, 40.0, predicted=True)
+    busy = dict(PACED, rollout_idle_frac=0.5, move_cost_s=4.0)
+    noisy = sig(**dict(busy, last_step_s=41.5), trial=on_trial, since_move=3)
+    assert ers.plan(noisy, Partition(15, 17, 0), CFG).partition.rollout <= 15
+    slow = sig(**dict(busy, last_step_s=43.0), trial=on_trial, since_move=3)
+    assert ers.plan(slow, Partition(15, 17, 0), CFG).partition == Partition(16, 16, 0)
+
+
+def test_a_trial_is_not_reverted_onto_a_waiting_trainer():
+    # a rank went to rollout and the step did not fall, but the trainer waits: rollout keeps it
+    on_trial = ers.Trial(Partition(16, 16, 0), -1, 40.0)
+    s = sig(twt_frac=0.4, last_step_s=42.0, trial=on_trial, since_move=3)
+    p = ers.plan(s, Partition(17, 15, 0), CFG)
+    assert p.partition.rollout >= 17 and p.trial.refuted_direction == -1
+
+
+def test_no_probe_while_rollout_idles_or_the_trainer_waits():
+    # rollout idle half the step: the consumption rule decides (here the move does not pay)
+    idle = sig(**dict(PACED, rollout_idle_frac=0.5), move_cost_s=100.0)
+    assert ers.plan(idle, Partition(16, 16, 0), CFG).partition == Partition(16, 16, 0)
+    waiting = sig(**dict(PACED, twt_frac=0.3))
+    assert ers.plan(waiting, Partition(16, 16, 0), CFG).partition.rollout >= 16
 
 
 def test_stale_drops_block_taking_rollout_only_while_rollout_is_busy():
@@ -191,8 +276,23 @@ def plans(draw):
         move_cost_s=draw(st.floats(0, 10)),
         eval_ranks_out=draw(st.integers(0, 1)),
         dropped_groups=draw(st.integers(0, 3)),
+        trial=draw(trials(part)),
     )
     return s, part
+
+
+@st.composite
+def trials(draw, part):
+    direction = draw(st.sampled_from([-1, 0, 1]))
+    origin = None
+    if direction:  # the partition one move back in that direction, when it is valid
+        rollout = part.rollout + direction
+        origin = Partition(rollout, part.actor - direction, part.ref)
+        if rollout < 0 or origin.actor <= 0:
+            origin, direction = None, 0
+    return ers.Trial(origin, direction, draw(st.floats(0, 100)), draw(st.booleans()),
+                     draw(st.sampled_from([-1, 0, 1])), draw(st.integers(0, 3)),
+                     draw(st.integers(0, 40)))
 
 
 @settings(max_examples=200, deadline=None)

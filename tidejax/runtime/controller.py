@@ -109,17 +109,28 @@ def batch_shares(digests: list[dict], target: int, take_all: bool) -> dict:
     return {"take": shares}
 
 
+def _partition_json(p: ers.Partition | None) -> list[int] | None:
+    return None if p is None else [p.rollout, p.actor, p.ref]
+
+
+def _partition_from_json(value: list[int] | None) -> ers.Partition | None:
+    return None if value is None else ers.Partition(*value)
+
+
 def plan_to_json(plan: ers.Plan) -> dict:
-    return {"partition": [plan.partition.rollout, plan.partition.actor, plan.partition.ref],
+    trial = plan.trial
+    return {"partition": _partition_json(plan.partition),
             "mode": plan.mode.value, "batch_groups": plan.batch_groups, "retain": plan.retain,
-            "reason": plan.reason, "pressure": plan.pressure}
+            "reason": plan.reason, "pressure": plan.pressure,
+            "trial": {f.name: getattr(trial, f.name) for f in dataclasses.fields(trial)}
+            | {"origin": _partition_json(trial.origin)}}
 
 
 def plan_from_json(value: dict) -> ers.Plan:
-    rollout, actor, ref = value["partition"]
-    return ers.Plan(ers.Partition(rollout=rollout, actor=actor, ref=ref),
+    trial = dict(value["trial"], origin=_partition_from_json(value["trial"]["origin"]))
+    return ers.Plan(_partition_from_json(value["partition"]),
                     ra2p.Mode(value["mode"]), value["batch_groups"], value["retain"],
-                    value["reason"], value["pressure"])
+                    value["reason"], value["pressure"], ers.Trial(**trial))
 
 
 def combine_rollout_digests(digests: list[dict]) -> dict:
@@ -747,7 +758,8 @@ class Controller:
             last_pressure=last.pressure, since_move=min(self._since_move, 1 << 30),
             rollout_idle_frac=rollout["idle_frac"],
             last_step_s=last_record.step_s if last_record else train_s,
-            move_cost_s=self._move_s, dropped_groups=rollout["dropped_groups"])
+            move_cost_s=self._move_s, dropped_groups=rollout["dropped_groups"],
+            trial=last.trial)
         return ers.plan(signals, partition, self.ers_config)
 
     def _rwt(self, manager, busy_before, step_s) -> float:

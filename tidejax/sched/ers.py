@@ -24,6 +24,20 @@ neighbour is taken when
 * the same move was wanted at the previous boundary and ``cooldown`` boundaries have
   passed since the last one (hysteresis: the buffer reflects a move a step or two later).
 
+Every move is a *trial*: ``cooldown + 1`` boundaries later (the first step after a move
+carries its delay) the measured step time is compared with the one before. A move the
+perf model predicted stays unless the step got slower by more than the move's cost per
+step; a probe (below) stays only if the step fell by more than that. A reverted
+direction then backs off for ``trial_backoff`` boundaries, doubling with each consecutive
+revert. The trial also lets
+ERS *probe*: when neither side waited (trainer TWT and rollout idle both <= ``theta``) the
+signals cannot tell a trainer-bound step from a rollout that the staleness quota paces
+(busy at a small batch, so it would keep up with a rank fewer). A probe gives the trainer a
+rank when the perf model says the rank costs rollout relatively less time than it saves
+the trainer and the rank is at most ``theta`` of the trainer, and lets the measurement
+decide. The perf model predicts; the step time
+measured on the cluster has the last word.
+
 A rank joining the trainer serves Ref when the perf model says a decoupled pipeline on the
 grown trainer pays (RAS past the break-even point, :func:`ra2p.break_even_ras`) and the
 pipeline would be Ref-bound; else Actor. The RA2P mode is then chosen by cost for the new
@@ -86,6 +100,10 @@ class ErsConfig:
     tau: float = 1.0  # head-of-line threshold, in units of the average step time
     theta: float = 0.1  # share of a step spent waiting (TWT or RWT) that counts [A]
     cooldown: int = 2  # boundaries after a move before the next one (the buffer lags) [A]
+    # boundaries before a direction whose last trial was reverted is tried again; doubles
+    # with each consecutive revert (a failed trial costs two moves and `cooldown + 1`
+    # slower steps, so at most about one such loss per `trial_backoff` steps) [A]
+    trial_backoff: int = 8
     # Mesh sizes the memory model admits (tidejax.sched.memory.JobMemory): an actor or a
     # decoupled reference mesh is only ever one of these sizes; empty: any size. A move
     # to the next admitted size takes as many ranks as it needs.
@@ -105,6 +123,8 @@ class ErsConfig:
             raise ValueError("ErsConfig.theta must be in (0, 1)")
         if self.cooldown < 1:
             raise ValueError("ErsConfig.cooldown must be >= 1")
+        if self.trial_backoff < 1:
+            raise ValueError("ErsConfig.trial_backoff must be >= 1")
         if any(n <= 0 for n in (*self.actor_sizes, *self.ref_sizes)):
             raise ValueError("ErsConfig.actor_sizes and ref_sizes must be positive")
 
@@ -138,6 +158,56 @@ def _next_size(current: int, sizes: tuple[int, ...], grow: bool, floor: int) -> 
 
 
 @dataclass(frozen=True, slots=True)
+class Trial:
+    """A move under measurement, and what earlier trials showed. The caller hands the last
+    plan's ``Plan.trial`` back in ``Signals.trial``."""
+
+    origin: Partition | None = None  # the partition before the move on trial (None: none)
+    direction: int = 0  # +1: the move gave the trainer a rank; -1: gave rollout one
+    base_step_s: float = 0.0  # measured step time before the move
+    # True: the perf model predicted the move's gain (a deficit rule), so it stays unless
+    # the step got clearly slower; False (a probe): it stays only if the step clearly fell
+    predicted: bool = False
+    refuted_direction: int = 0  # direction of the last reverted trial (0: none)
+    refuted: int = 0  # consecutive reverts in that direction
+    since_revert: int = 0  # boundaries since that revert
+
+    def __post_init__(self) -> None:
+        if self.direction not in (-1, 0, 1) or self.refuted_direction not in (-1, 0, 1):
+            raise ValueError("Trial.direction and refuted_direction must be -1, 0 or 1")
+        if (self.origin is None) != (self.direction == 0):
+            raise ValueError("Trial needs an origin exactly when it has a direction")
+        if min(self.base_step_s, self.refuted, self.since_revert) < 0:
+            raise ValueError("Trial.base_step_s, refuted and since_revert must be >= 0")
+
+    def backed_off(self, direction: int, cfg: ErsConfig) -> bool:
+        """Whether a move in ``direction`` waits: its last trial was reverted and the
+        (doubling) back-off has not passed."""
+        if self.refuted_direction != direction or self.refuted == 0:
+            return False
+        return self.since_revert < cfg.trial_backoff * 2 ** min(self.refuted - 1, 6)
+
+    def aged(self) -> Trial:
+        """The same trial one boundary later."""
+        return replace(self, since_revert=self.since_revert + 1)
+
+    def started(self, origin: Partition, direction: int, base_step_s: float,
+                predicted: bool) -> Trial:
+        same = self.refuted_direction == direction
+        return replace(self, origin=origin, direction=direction, base_step_s=base_step_s,
+                       predicted=predicted, refuted_direction=direction if same else 0,
+                       refuted=self.refuted if same else 0)
+
+    def settled(self) -> Trial:
+        """The trial is over; the record of reverts stays."""
+        return replace(self, origin=None, direction=0, base_step_s=0.0, predicted=False)
+
+    def reverted(self) -> Trial:
+        refuted = self.refuted + 1 if self.refuted_direction == self.direction else 1
+        return Trial(refuted_direction=self.direction, refuted=refuted)
+
+
+@dataclass(frozen=True, slots=True)
 class Signals:
     """Readiness at the post-update boundary, read from the global buffer."""
 
@@ -168,6 +238,7 @@ class Signals:
     max_batch: float = 0.0
     decode_curve: DecodeCurve | None = None
     dropped_groups: int = 0  # groups the last step dropped as stale (supply came too late)
+    trial: Trial = Trial()  # the previous plan's Plan.trial
 
     def __post_init__(self) -> None:
         if min(self.ras_mb, self.ready_groups, self.mb_per_step, self.prev_batch) < 0:
@@ -196,6 +267,7 @@ class Plan:
     retain: bool  # adaptive retention: fetch below B_ideal, keep a reservoir
     reason: str
     pressure: int = 0  # this boundary's deficit: +1 consumption, -1 generation, 0 none
+    trial: Trial = Trial()  # hand back in the next Signals.trial
 
 
 def initial(total: int, cfg: ErsConfig) -> Partition:
@@ -288,7 +360,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if s.eval_phase and s.eval_ranks_out == 0:
         nxt = _to_rollout(p, cfg)
         why = "preemptive generation: evaluation phase"
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why)
+        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, trial=s.trial.aged())
+    trial = s.trial.aged()
     costs = replace(s.costs, n_actor=p.actor, n_ref=p.ref)
     n_mb = max(1, s.mb_per_step)
     waited = s.twt_frac > cfg.theta  # the trainer waited for data: rollout keeps its ranks
@@ -296,13 +369,38 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if not s.eval_phase and s.eval_ranks_out and not waited and nxt != p:
         grown = replace(costs, n_actor=nxt.actor)
         mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
-        return Plan(nxt, mode, cfg.b_ideal, False, "evaluation over: its rank returns")
+        return Plan(nxt, mode, cfg.b_ideal, False, "evaluation over: its rank returns",
+                    trial=trial)
 
     step = s.last_step_s or s.t_step_s
+    worth = s.move_cost_s / cfg.cooldown  # a move must save this much per step
+    if trial.origin is not None:
+        if s.eval_phase or s.eval_ranks_out or s.since_move <= cfg.cooldown or step <= 0:
+            mode = _mode_for(p, ra2p.choose_mode(s.ras_mb, s.tprm_s, costs, n_mb))
+            return Plan(p, mode, cfg.b_ideal, False, "trial: measuring", trial=trial)
+        saved = trial.base_step_s - step
+        margin = worth * max(1, moved(trial.origin, p))
+        if (saved >= -margin) if trial.predicted else (saved > margin):
+            trial = trial.settled()  # the move stands: keep it and plan on from here
+        else:
+            undo = trial.origin
+            if (undo.total != p.total or undo.actor < cfg.smallest_actor
+                    or undo.rollout < cfg.min_rollout
+                    or (undo.rollout < p.rollout and waited)):  # never from a waiting trainer
+                undo = p
+            back = trial.reverted()
+            undo_costs = replace(costs, n_actor=undo.actor, n_ref=undo.ref)
+            mode = _mode_for(undo, ra2p.choose_mode(s.ras_mb, s.tprm_s, undo_costs, n_mb))
+            why = (f"trial reverted: {step:.1f} s a step against {trial.base_step_s:.1f} s "
+                   "before the move")
+            return Plan(undo, mode, cfg.b_ideal, False, why, trial=back)
+
     even = ra2p.break_even_ras(balanced(costs, extra=1), costs, s.tprm_s, n_mb)
     decoupled_pays = even is not None and s.ras_mb >= max(1, even)
     now = predicted_step_s(s, p, p) if step > 0 else 0.0
-    worth = s.move_cost_s / cfg.cooldown  # a move must save this much per step
+    # the step a trial is judged against: the better of the short and the longer window, so
+    # one slow step (an evaluation, a move's delay) does not make a move look like a gain
+    base = min(x for x in (step, s.t_step_s) if x > 0) if step > 0 else 0.0
 
     # Groups dropped as stale mean supply came late only when rollout had no spare time; a
     # throttled rollout (idle > theta) with a trainer that never waited drops groups that
@@ -310,7 +408,9 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     # response growth: TWT 0.02, rollout idle 0.10-0.28, ~9 drops a step, and the old
     # reading kept rollout at 22 of 32 GPUs for 30 steps at 0.85 of the best fixed split).
     late = s.dropped_groups > 0 and s.rollout_idle_frac <= cfg.theta
-    if not waited and not late and p.rollout > cfg.min_rollout and step > 0:
+    may_grow_trainer = (not waited and not late and p.rollout > cfg.min_rollout and step > 0
+                        and not trial.backed_off(1, cfg))
+    if may_grow_trainer:
         nxt = _to_trainer(p, cfg, costs, decoupled=decoupled_pays)
         gain = now - predicted_step_s(s, p, nxt) if nxt != p else 0.0
         if gain > worth * max(1, moved(p, nxt)):
@@ -318,21 +418,44 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                 nxt = p  # hysteresis: the deficit must persist
             grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
             mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
-            return Plan(nxt, mode, cfg.b_ideal, False, "consumption deficit", 1)
+            on_trial = trial.started(p, 1, base, predicted=True) if nxt != p else trial
+            return Plan(nxt, mode, cfg.b_ideal, False, "consumption deficit", 1, on_trial)
 
     if waited and s.rollout_scaled_down:
         batch = max(cfg.b_min, (s.prev_batch + cfg.b_min) // 2)
-        return Plan(
-            p, Mode.COLOCATED, batch, True, "generation deficit: retain after scale-down", -1
-        )
+        return Plan(p, Mode.COLOCATED, batch, True,
+                    "generation deficit: retain after scale-down", -1, trial)
     rollout_busy = s.rollout_idle_frac <= cfg.theta  # more ranks make a busy rollout faster
-    if waited and rollout_busy and step > 0:
+    if waited and rollout_busy and step > 0 and not trial.backed_off(-1, cfg):
         nxt = _to_rollout(p, cfg)
         gain = now - predicted_step_s(s, p, nxt) if nxt != p else 0.0
         if gain > worth * max(1, moved(p, nxt)):
             if s.last_pressure != -1 or s.since_move < cfg.cooldown:
                 nxt = p
-            return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1)
+            on_trial = trial.started(p, -1, base, predicted=True) if nxt != p else trial
+            return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1,
+                        on_trial)
 
     mode = ra2p.choose_mode(s.ras_mb, s.tprm_s, costs, n_mb)
-    return Plan(p, _mode_for(p, mode), cfg.b_ideal, False, "balanced")
+    # Probe: neither side waited (rollout busy too; an idle rollout is the consumption
+    # rule's case), so the signals cannot tell a trainer-bound step from a rollout paced by
+    # the staleness quota. Try a rank on the trainer when the perf model says it costs
+    # rollout relatively less time than it saves the trainer (a paced rollout decodes at a
+    # small batch, where a rank fewer hardly slows it), and let the measured step decide
+    # (the trial above reverts it). Stale drops do not stop a probe then: they are
+    # stragglers that a rank more or less hardly changes.
+    may_probe = (not waited and rollout_busy and p.rollout > cfg.min_rollout and step > 0
+                 and not s.eval_phase and not s.eval_ranks_out and s.since_move > cfg.cooldown
+                 and not trial.backed_off(1, cfg))
+    if may_probe:
+        nxt = _to_trainer(p, cfg, costs, decoupled=decoupled_pays)
+        trainer_gain = 1 - p.trainer / nxt.trainer
+        # at most theta of the trainer's time: a wrong probe then costs little while it is
+        # measured (on 8 GPUs a rank is a fifth of a trainer; there the rules alone decide)
+        if nxt != p and (rollout_scale(s, p.rollout, nxt.rollout) - 1
+                         < trainer_gain <= cfg.theta):
+            grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
+            grown_mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
+            return Plan(nxt, grown_mode, cfg.b_ideal, False, "probe: a rank to the trainer",
+                        trial=trial.started(p, 1, base, predicted=False))
+    return Plan(p, _mode_for(p, mode), cfg.b_ideal, False, "balanced", trial=trial)

@@ -56,6 +56,7 @@ class Elastic:
         self._lend_token = 0
         self._pressure = 0  # ERS plan pressure at the previous boundary
         self._since_move = 1 << 30  # boundaries since ERS last moved a rank
+        self._trial = ers.Trial()  # the move ERS is measuring, handed back at each plan
         # (time, trainer busy GPU-seconds) at recent boundaries: ERS reads its wait shares
         # over the last `cooldown` steps, the span a move must pay over (a one-step pipeline
         # alternates full and empty steps, so one step alone reads as noise)
@@ -132,6 +133,7 @@ class Elastic:
         self._pressure = plan.pressure
         self._since_move = 0 if ers.moved(self.part, plan.partition) else self._since_move + 1
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
+            self._trial = plan.trial
             delay = max(delay, self._apply(plan.partition, t))
         elif plan.mode.value == "decoupled" and not cl.trainer.ref:
             plan = replace(plan, mode=ers.Mode.COLOCATED)
@@ -195,6 +197,7 @@ class Elastic:
             move_cost_s=move,
             eval_ranks_out=self.eval_out,
             dropped_groups=cl.dropped_groups - dropped_mark,
+            trial=self._trial,
             **self._decode_signals(),
         )
 
