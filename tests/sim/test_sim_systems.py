@@ -173,3 +173,18 @@ def test_no_training_group_starts_on_weights_the_quota_has_no_room_for(system):
     cl.new_task = spy
     assert cl.run().steps == 7
     assert lagged == []
+
+
+def test_ers_probes_below_a_planner_split_that_over_provisions_rollout():
+    # text-7b on 32 GPUs: the planner starts tidejax at 16 rollout / 16 trainer GPUs, where
+    # neither side waits but rollout decodes at a small batch (paced by the staleness
+    # quota). Probes give the trainer ranks, each kept only if the measured step fell;
+    # the same system held at the planner's split (no ERS) is slower.
+    spec, cfg = wl.preset("text-7b"), SimConfig(steps=24)
+    elastic = systems.build(systems.tidejax(), spec, cfg)
+    result = elastic.run()
+    held = systems.run(dataclasses.replace(systems.tidejax(), name="held", ers=False), spec, cfg)
+    reasons = [p["reason"] for p in elastic.plans]
+    assert any(r.startswith("probe") for r in reasons)
+    assert result.extra["final_partition"]["rollout"] < 16
+    assert result.goodput > held.goodput
