@@ -122,6 +122,9 @@ PACED = dict(twt_frac=0.04, rollout_idle_frac=0.04, last_step_s=40.0, t_step_s=4
 def test_probe_gives_the_trainer_a_rank_and_keeps_it_when_the_step_falls():
     probe = ers.plan(sig(**PACED), Partition(16, 16, 0), CFG)
     assert probe.partition == Partition(15, 17, 0) and probe.reason.startswith("probe")
+    # on a larger trainer a probe moves as many ranks as add at most theta of it
+    big = ers.plan(sig(**PACED), Partition(60, 40, 0), CFG)
+    assert big.partition == Partition(56, 44, 0) and big.reason == "probe: 4 ranks to the trainer"
     assert probe.trial == ers.Trial(Partition(16, 16, 0), 1, 40.0, predicted=False,
                                     since_revert=1)
     # measured until cooldown + 1 boundaries have passed (the first step carries the move)
@@ -300,7 +303,12 @@ def trials(draw, part):
 def test_plan_moves_at_most_one_rank_and_stays_valid(case):
     s, part = case
     p = ers.plan(s, part, CFG)
-    assert ers.moved(part, p.partition) <= 1
+    if p.reason.startswith("probe"):  # ranks adding at most theta of the trainer's capacity
+        assert 1 - part.trainer / p.partition.trainer <= CFG.theta
+    elif p.reason.startswith("trial reverted"):
+        assert p.partition in (s.trial.origin, part)  # part: the revert was refused
+    else:
+        assert ers.moved(part, p.partition) <= 1
     assert p.partition.total == part.total
     assert p.partition.actor >= CFG.min_actor and p.partition.rollout >= CFG.min_rollout
     assert CFG.b_min <= p.batch_groups <= CFG.b_ideal

@@ -2,7 +2,8 @@
 
 :func:`plan` reads readiness :class:`Signals` and the current :class:`Partition` and returns
 a :class:`Plan`: the next partition (one move: a rank, or the ranks the next mesh size the
-memory model admits needs, ``ErsConfig.actor_sizes``), the RA2P mode, the elastic
+memory model admits needs, ``ErsConfig.actor_sizes``; a probe or its revert may move
+ranks worth up to ``theta`` of the trainer), the RA2P mode, the elastic
 batch size in ``[B_min, B_ideal]`` and whether the trainer retains a reservoir.
 
 How it decides. The measured shares of the last steps give each side's busy time: the
@@ -33,9 +34,9 @@ revert. The trial also lets
 ERS *probe*: when neither side waited (trainer TWT and rollout idle both <= ``theta``) the
 signals cannot tell a trainer-bound step from a rollout that the staleness quota paces
 (busy at a small batch, so it would keep up with a rank fewer). A probe gives the trainer a
-rank when the perf model says the rank costs rollout relatively less time than it saves
-the trainer and the rank is at most ``theta`` of the trainer, and lets the measurement
-decide. The perf model predicts; the step time
+rank (as many as add at most ``theta`` of the trainer's capacity, so the effect stands
+out of the step-to-step noise) when the perf model says they cost rollout relatively less
+time than they save the trainer, and lets the measurement decide. The perf model predicts; the step time
 measured on the cluster has the last word.
 
 A rank joining the trainer serves Ref when the perf model says a decoupled pipeline on the
@@ -351,6 +352,18 @@ def predicted_step_s(s: Signals, p: Partition, nxt: Partition) -> float:
     return max(trainer_busy, rollout_busy)
 
 
+def _probe_target(p: Partition, cfg: ErsConfig, costs: Ra2pCosts,
+                  decoupled: bool) -> Partition:
+    """The partition a probe tries: ranks to the trainer while they add at most ``theta``
+    of its capacity (``p`` itself when even one rank adds more)."""
+    nxt = p
+    while True:
+        grown = _to_trainer(nxt, cfg, costs, decoupled)
+        if grown == nxt or 1 - p.trainer / grown.trainer > cfg.theta:
+            return nxt
+        nxt = grown
+
+
 def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     """The next partition (one move), RA2P mode and batch; see module doc."""
     s, p = signals, partition
@@ -448,14 +461,16 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                  and not s.eval_phase and not s.eval_ranks_out and s.since_move > cfg.cooldown
                  and not trial.backed_off(1, cfg))
     if may_probe:
-        nxt = _to_trainer(p, cfg, costs, decoupled=decoupled_pays)
-        trainer_gain = 1 - p.trainer / nxt.trainer
-        # at most theta of the trainer's time: a wrong probe then costs little while it is
-        # measured (on 8 GPUs a rank is a fifth of a trainer; there the rules alone decide)
+        nxt = _probe_target(p, cfg, costs, decoupled_pays)
+        # A probe moves about theta of the trainer's time: enough to stand out of the
+        # step-to-step noise it is judged against (one GPU of a 40-GPU trainer is 2.4%, less
+        # than that noise), and little to lose while it is measured. Where one rank is more
+        # than theta (a 5-rank trainer on 8 GPUs) the deficit rules alone decide.
         if nxt != p and (rollout_scale(s, p.rollout, nxt.rollout) - 1
-                         < trainer_gain <= cfg.theta):
+                         < 1 - p.trainer / nxt.trainer):
             grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
             grown_mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
-            return Plan(nxt, grown_mode, cfg.b_ideal, False, "probe: a rank to the trainer",
+            what = "a rank" if moved(p, nxt) == 1 else f"{moved(p, nxt)} ranks"
+            return Plan(nxt, grown_mode, cfg.b_ideal, False, f"probe: {what} to the trainer",
                         trial=trial.started(p, 1, base, predicted=False))
     return Plan(p, _mode_for(p, mode), cfg.b_ideal, False, "balanced", trial=trial)

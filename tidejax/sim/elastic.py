@@ -266,37 +266,34 @@ class Elastic:
         return clip(rwt), clip(twt), clip(idle)
 
     def _apply(self, nxt: Partition, t: float) -> float:
+        """Carry out a plan's move (one rank, or several for a probe and its revert); the
+        ranks switch together, and the actor re-shards once."""
         cl, tr, cost, led = self.cl, self.cl.trainer, self.cl.cost, self.cl.ledger
         old, self.part = self.part, nxt
         self.to_trainer_last = nxt.rollout < old.rollout
         if ers.moved(old, nxt) == 0:
             return 0.0
-        delay = 0.0
-        if nxt.rollout < old.rollout:  # a rollout rank joins the trainer
-            r = min(cl.ranks.values(), key=lambda r: (len(r.resident) + r.assigned, r.used, r.rid))
-            cl.close_rank(r, t)
+        if nxt.rollout < old.rollout:  # rollout ranks join the trainer
             sw = cost.ers_switch(to_rollout=False)
-            led.add(r.gpus, t, t + sw, "switch")
-            if nxt.ref > old.ref:
-                tr.ref.extend(r.gpus)
-                led.set_role(r.gpus, t, "ref")
-                delay = sw
-            else:
-                tr.actor.extend(r.gpus)
-                led.set_role(r.gpus, t, "actor")
-                delay = sw + self._reshard(t + sw)
-        else:  # a trainer rank goes to rollout
-            if nxt.ref < old.ref:
-                gpu = tr.ref.pop()
-            else:
-                gpu = tr.actor.pop()
-                delay = self._reshard(t)
-            sw = cost.ers_switch(to_rollout=True)
+            to_ref = nxt.ref - old.ref
+            for i in range(old.rollout - nxt.rollout):
+                r = min(cl.ranks.values(),
+                        key=lambda r: (len(r.resident) + r.assigned, r.used, r.rid))
+                cl.close_rank(r, t)
+                led.add(r.gpus, t, t + sw, "switch")
+                role = "ref" if i < to_ref else "actor"
+                (tr.ref if role == "ref" else tr.actor).extend(r.gpus)
+                led.set_role(r.gpus, t, role)
+            return sw + (self._reshard(t + sw) if nxt.actor > old.actor else 0.0)
+        sw = cost.ers_switch(to_rollout=True)  # trainer ranks go to rollout
+        from_ref = old.ref - nxt.ref
+        for i in range(nxt.rollout - old.rollout):
+            gpu = tr.ref.pop() if i < from_ref else tr.actor.pop()
             led.add((gpu,), t, t + sw, "switch")
             r = cl.open_rank((gpu,), t)
             r.t0 = t + sw
             r.idle_since = r.t0
-        return delay
+        return self._reshard(t) if nxt.actor < old.actor else 0.0
 
     def _reshard(self, t: float) -> float:
         tr = self.cl.trainer
