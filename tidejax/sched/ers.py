@@ -36,8 +36,8 @@ signals cannot tell a trainer-bound step from a rollout that the staleness quota
 (busy at a small batch, so it would keep up with a rank fewer). A probe gives the trainer a
 rank (as many as add at most ``theta`` of the trainer's capacity, so the effect stands
 out of the step-to-step noise) when the perf model says they cost rollout relatively less
-time than they save the trainer, and lets the measurement decide. The perf model predicts; the step time
-measured on the cluster has the last word.
+time than they save the trainer, and lets the measurement decide. The perf model
+predicts; the step time measured on the cluster has the last word.
 
 A rank joining the trainer serves Ref when the perf model says a decoupled pipeline on the
 grown trainer pays (RAS past the break-even point, :func:`ra2p.break_even_ras`) and the
@@ -352,6 +352,12 @@ def predicted_step_s(s: Signals, p: Partition, nxt: Partition) -> float:
     return max(trainer_busy, rollout_busy)
 
 
+def _mode_at(s: Signals, costs: Ra2pCosts, part: Partition, n_mb: int) -> Mode:
+    """The RA2P mode the perf model picks for the trainer of ``part``."""
+    sized = replace(costs, n_actor=part.actor, n_ref=part.ref)
+    return _mode_for(part, ra2p.choose_mode(s.ras_mb, s.tprm_s, sized, n_mb))
+
+
 def _probe_target(p: Partition, cfg: ErsConfig, costs: Ra2pCosts,
                   decoupled: bool) -> Partition:
     """The partition a probe tries: ranks to the trainer while they add at most ``theta``
@@ -370,27 +376,25 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if s.cold_start:
         nxt = _to_rollout(p, cfg)
         return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "preemptive generation: cold start")
+    trial = s.trial.aged()
     if s.eval_phase and s.eval_ranks_out == 0:
         nxt = _to_rollout(p, cfg)
         why = "preemptive generation: evaluation phase"
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, trial=s.trial.aged())
-    trial = s.trial.aged()
+        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, trial=trial)
     costs = replace(s.costs, n_actor=p.actor, n_ref=p.ref)
     n_mb = max(1, s.mb_per_step)
     waited = s.twt_frac > cfg.theta  # the trainer waited for data: rollout keeps its ranks
     nxt = _grow_actor(p, cfg)
     if not s.eval_phase and s.eval_ranks_out and not waited and nxt != p:
-        grown = replace(costs, n_actor=nxt.actor)
-        mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
-        return Plan(nxt, mode, cfg.b_ideal, False, "evaluation over: its rank returns",
-                    trial=trial)
+        return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
+                    "evaluation over: its rank returns", trial=trial)
 
     step = s.last_step_s or s.t_step_s
     worth = s.move_cost_s / cfg.cooldown  # a move must save this much per step
     if trial.origin is not None:
         if s.eval_phase or s.eval_ranks_out or s.since_move <= cfg.cooldown or step <= 0:
-            mode = _mode_for(p, ra2p.choose_mode(s.ras_mb, s.tprm_s, costs, n_mb))
-            return Plan(p, mode, cfg.b_ideal, False, "trial: measuring", trial=trial)
+            return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
+                        "trial: measuring", trial=trial)
         saved = trial.base_step_s - step
         margin = worth * max(1, moved(trial.origin, p))
         if (saved >= -margin) if trial.predicted else (saved > margin):
@@ -401,12 +405,10 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                     or undo.rollout < cfg.min_rollout
                     or (undo.rollout < p.rollout and waited)):  # never from a waiting trainer
                 undo = p
-            back = trial.reverted()
-            undo_costs = replace(costs, n_actor=undo.actor, n_ref=undo.ref)
-            mode = _mode_for(undo, ra2p.choose_mode(s.ras_mb, s.tprm_s, undo_costs, n_mb))
             why = (f"trial reverted: {step:.1f} s a step against {trial.base_step_s:.1f} s "
                    "before the move")
-            return Plan(undo, mode, cfg.b_ideal, False, why, trial=back)
+            return Plan(undo, _mode_at(s, costs, undo, n_mb), cfg.b_ideal, False, why,
+                        trial=trial.reverted())
 
     even = ra2p.break_even_ras(balanced(costs, extra=1), costs, s.tprm_s, n_mb)
     decoupled_pays = even is not None and s.ras_mb >= max(1, even)
@@ -429,10 +431,9 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
         if gain > worth * max(1, moved(p, nxt)):
             if s.last_pressure != 1 or s.since_move < cfg.cooldown:
                 nxt = p  # hysteresis: the deficit must persist
-            grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
-            mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
             on_trial = trial.started(p, 1, base, predicted=True) if nxt != p else trial
-            return Plan(nxt, mode, cfg.b_ideal, False, "consumption deficit", 1, on_trial)
+            return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
+                        "consumption deficit", 1, on_trial)
 
     if waited and s.rollout_scaled_down:
         batch = max(cfg.b_min, (s.prev_batch + cfg.b_min) // 2)
@@ -449,10 +450,9 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
             return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1,
                         on_trial)
 
-    mode = ra2p.choose_mode(s.ras_mb, s.tprm_s, costs, n_mb)
     # Probe: neither side waited (rollout busy too; an idle rollout is the consumption
     # rule's case), so the signals cannot tell a trainer-bound step from a rollout paced by
-    # the staleness quota. Try a rank on the trainer when the perf model says it costs
+    # the staleness quota. Try ranks on the trainer when the perf model says it costs
     # rollout relatively less time than it saves the trainer (a paced rollout decodes at a
     # small batch, where a rank fewer hardly slows it), and let the measured step decide
     # (the trial above reverts it). Stale drops do not stop a probe then: they are
@@ -468,9 +468,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
         # than theta (a 5-rank trainer on 8 GPUs) the deficit rules alone decide.
         if nxt != p and (rollout_scale(s, p.rollout, nxt.rollout) - 1
                          < 1 - p.trainer / nxt.trainer):
-            grown = replace(costs, n_actor=nxt.actor, n_ref=nxt.ref)
-            grown_mode = _mode_for(nxt, ra2p.choose_mode(s.ras_mb, s.tprm_s, grown, n_mb))
             what = "a rank" if moved(p, nxt) == 1 else f"{moved(p, nxt)} ranks"
-            return Plan(nxt, grown_mode, cfg.b_ideal, False, f"probe: {what} to the trainer",
+            return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
+                        f"probe: {what} to the trainer",
                         trial=trial.started(p, 1, base, predicted=False))
-    return Plan(p, _mode_for(p, mode), cfg.b_ideal, False, "balanced", trial=trial)
+    return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False, "balanced", trial=trial)
