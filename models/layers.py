@@ -130,7 +130,11 @@ class Embedder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         dt = cfg.jnp_dtype
-        self.embedding = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dt)
+        # An untied input table only feeds the lookup; its own name lets trainers shard it
+        # on the model dim (see sharding.TRAIN_RULES), a tied one also makes the logits.
+        table_vocab = "vocab" if cfg.tie_word_embeddings else "input_vocab"
+        self.embedding = _param(rngs, (cfg.vocab_size, cfg.hidden_size), (table_vocab, "embed"),
+                                dt)
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dt)

@@ -53,7 +53,15 @@ def token_logprobs(config: ModelConfig, params: Params, tokens_BT, positions_BT=
         segment_ids_BT = jnp.ones_like(tokens_BT)
     hidden = hidden_states(config, params, tokens_BT, positions_BT, segment_ids_BT, remat=remat,
                            activation_sharding=activation_sharding)
-    logp_next = logprobs_from_hidden(hidden[:, :-1], output_kernel(config, params),
+    return logprobs_of_hidden(config, params, hidden, tokens_BT, segment_ids_BT, chunk,
+                              temperature)
+
+
+def logprobs_of_hidden(config: ModelConfig, params: Params, hidden_BTD, tokens_BT,
+                       segment_ids_BT, chunk: int = 128, temperature: float = 1.0
+                       ) -> jax.Array:
+    """`token_logprobs` from the final-norm hidden states (needs `params["embedder"]`)."""
+    logp_next = logprobs_from_hidden(hidden_BTD[:, :-1], output_kernel(config, params),
                                      tokens_BT[:, 1:], chunk, temperature)
     continues = segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]
     logp_next = jnp.where(continues, logp_next, 0.0)

@@ -64,6 +64,31 @@ def logical_axes(config: ModelConfig) -> Params:
     return {"embedder": embed_axes, "layers": layer_axes}
 
 
+@functools.lru_cache(maxsize=64)
+def _logical_shapes(config: ModelConfig):
+    """(embedder leaf shapes, one layer's leaf shapes) of the unpadded model."""
+    shapes = jax.tree.map(lambda a: a.shape, abstract_params(config))
+    return shapes["embedder"], jax.tree.map(lambda s: s[1:], shapes["layers"],
+                                             is_leaf=is_shape)
+
+
+def crop_to(tree, shapes):
+    """`tree`'s leaves cut to `shapes` (a tree of shape tuples). Trainers store the model
+    dim padded so that it shards evenly on any mesh size (`sharding.stored_abstract`); the
+    model computes on the real shapes, and the gradient of the cut is zero on the padding,
+    which therefore stays zero. A no-op on unpadded leaves."""
+    def crop(shape, x):
+        if x.shape == shape:
+            return x
+        return x[tuple(slice(0, n) for n in shape)]
+
+    return jax.tree.map(crop, shapes, tree, is_leaf=is_shape)
+
+
+def is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(n, int) for n in x)
+
+
 def cast_floating(tree, dtype):
     """Floating-point leaves of `tree` in `dtype` (integer leaves and same-dtype leaves
     pass through untouched, so a float32 model casts nothing)."""
@@ -105,24 +130,49 @@ def gqa_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> jax.Array:
 
 
 ATTENTION_BLOCK = 256  # query block of the causal block-skipping path
+# From this row length on, query blocks run in a loop (`lax.map`) against every key, each
+# block's float32 scores and probabilities recomputed in the backward pass: one block's
+# are alive at a time. Unrolled with causal skipping, XLA keeps every block's at once
+# (a Qwen2.5-14B backward on 6 devices, two 4,096-token rows each: about 7 GiB per device
+# of scores). The loop attends to the masked upper triangle too, about 7% more of a 14B
+# layer's FLOPs at 4,096 tokens; below this length the triangle is a few MiB per head and
+# skipping it saves more (small models, where attention is most of a layer's FLOPs).
+ATTENTION_LOOP_FROM = 2048
 
 
 def packed_attend(q, k, v, layer_cache, mask_BTS):
     """Training attention: causal within each packed segment, no cache.
 
-    Long rows go block by block: query block i only meets keys [0, end of block i), so the
-    fully masked upper triangle is never computed (about half the FLOPs and score memory
-    of dense attention at long T; same result).
+    Long rows go block by block: below `ATTENTION_LOOP_FROM`, query block i only meets
+    keys [0, end of block i), so the fully masked upper triangle is never computed; from
+    it on, blocks loop over all keys with one block's scores alive (same result).
     """
     length = q.shape[1]
     if length <= ATTENTION_BLOCK or length % ATTENTION_BLOCK:
         return gqa_attention(q, k, v, mask_BTS), layer_cache
+    if length >= ATTENTION_LOOP_FROM:
+        return _looped_blocks(q, k, v, mask_BTS), layer_cache
     outs = []
     for start in range(0, length, ATTENTION_BLOCK):
         end = start + ATTENTION_BLOCK
         outs.append(gqa_attention(q[:, start:end], k[:, :end], v[:, :end],
                                   mask_BTS[:, start:end, :end]))
     return jnp.concatenate(outs, axis=1), layer_cache
+
+
+def _looped_blocks(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> jax.Array:
+    batch, length = q_BTNH.shape[:2]
+    blocks = length // ATTENTION_BLOCK
+
+    def split(x):  # [B, T, ...] -> [blocks, B, ATTENTION_BLOCK, ...]
+        return x.reshape(batch, blocks, ATTENTION_BLOCK, *x.shape[2:]).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def block(q_block, mask_block):
+        return gqa_attention(q_block, k_BSKH, v_BSKH, mask_block)
+
+    out = jax.lax.map(lambda xs: block(*xs), (split(q_BTNH), split(mask_BTS)))
+    return out.swapaxes(0, 1).reshape(q_BTNH.shape)
 
 
 def packed_mask(segment_ids_BT: jax.Array) -> jax.Array:
@@ -160,22 +210,15 @@ def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
     every layer boundary (the trainer passes its batch sharding, so activations stay split
     over the batch axes instead of being replicated or all-reduced).
     """
-    (embed_def, _), (layer_def, _) = _graphdefs(config)
-    dtype = config.jnp_dtype
-    embedder = nnx.merge(embed_def, cast_floating(params["embedder"], dtype))
-    x = embedder.embed(tokens_BT)
-
     def pin(x_BTD):
-        if activation_sharding is None:
-            return x_BTD
-        return jax.lax.with_sharding_constraint(x_BTD, activation_sharding)
+        return pin_activations(x_BTD, activation_sharding)
 
-    x = pin(x)
+    x = pin(embed_tokens(config, params, tokens_BT))
 
     def body(x_BTD, layer_inputs):
         layer_params, layer_cache = layer_inputs
-        layer = nnx.merge(layer_def, cast_floating(layer_params, dtype))
-        x_BTD, layer_cache = layer(x_BTD, positions_BT, attend, layer_cache, aux)
+        x_BTD, layer_cache = apply_layer(config, layer_params, x_BTD, positions_BT, attend,
+                                         layer_cache, aux)
         return pin(x_BTD), layer_cache
 
     if remat:
@@ -196,15 +239,46 @@ def run_layers(config: ModelConfig, params: Params, tokens_BT, positions_BT,
         is_nan = probe != probe
         stacked = jax.tree.map(lambda *a: jnp.stack(a) + is_nan.astype(a[0].dtype) * 0,
                                *outputs)
-        return embedder.final_norm(x), stacked
+        return final_norm(config, params, x), stacked
     x, cache = jax.lax.scan(body, x, (params["layers"], cache))
-    return embedder.final_norm(x), cache
+    return final_norm(config, params, x), cache
+
+
+def pin_activations(x_BTD, activation_sharding):
+    """`x_BTD` constrained to `activation_sharding` (None: left to the compiler)."""
+    if activation_sharding is None:
+        return x_BTD
+    return jax.lax.with_sharding_constraint(x_BTD, activation_sharding)
+
+
+def _embedder(config: ModelConfig, params: Params):
+    (embed_def, _), _ = _graphdefs(config)
+    return nnx.merge(embed_def, cast_floating(
+        crop_to(params["embedder"], _logical_shapes(config)[0]), config.jnp_dtype))
+
+
+def embed_tokens(config: ModelConfig, params: Params, tokens_BT) -> jax.Array:
+    """Token embeddings `[B, T, D]` in the compute dtype (needs only `params["embedder"]`)."""
+    return _embedder(config, params).embed(tokens_BT)
+
+
+def final_norm(config: ModelConfig, params: Params, x_BTD) -> jax.Array:
+    return _embedder(config, params).final_norm(x_BTD)
+
+
+def apply_layer(config: ModelConfig, layer_params: Params, x_BTD, positions_BT,
+                attend: AttendFn, layer_cache: Any, aux: Any):
+    """One decoder layer in the compute dtype: `(x_BTD, layer_cache)`. Stored (padded)
+    weights are cut here, inside a rematerialised body, so the residuals a backward keeps
+    are the stored arrays themselves."""
+    _, (layer_def, _) = _graphdefs(config)
+    layer = nnx.merge(layer_def, cast_floating(
+        crop_to(layer_params, _logical_shapes(config)[1]), config.jnp_dtype))
+    return layer(x_BTD, positions_BT, attend, layer_cache, aux)
 
 
 def output_kernel(config: ModelConfig, params: Params) -> jax.Array:
-    (embed_def, _), _ = _graphdefs(config)
-    embedder = nnx.merge(embed_def, cast_floating(params["embedder"], config.jnp_dtype))
-    return embedder.output_kernel_DV()
+    return _embedder(config, params).output_kernel_DV()
 
 
 def hidden_states(config: ModelConfig, params: Params, tokens_BT, positions_BT=None,

@@ -4,7 +4,9 @@ Parameters and activations carry logical names (`embed`, `heads`, `mlp`, ...). A
 object maps each name to mesh axes; a name whose dimension does not divide evenly over
 its mesh axes stays replicated, so the same rules work on any submesh size. That costs
 memory on meshes whose size divides nothing (3, 5 or 6 devices for Qwen2.5-7B's 3,584
-model dim): `undivided_bytes` measures it, and the trainer warns when it matters.
+model dim): `undivided_bytes` measures it, and the trainer warns when it matters. A
+trainer can instead store the model dim padded (`stored_abstract`: Qwen2.5-14B's 5,120 as
+5,160 shards over 3, 5 and 6 devices); the model cuts the padding off as it computes.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ class LogicalRules:
 
 
 # FSDP over (data, fsdp) for the model dim, tensor parallel over heads / ffn / vocab. The
-# embedding table and output head shard their vocabulary over fsdp first (rules are
-# applied in this order): a table sharded on the model dim is all-gathered whole for the
-# lookup and the logits, with a whole float32 gradient beside it (6 B x 1.09e9 parameters
-# at Qwen2.5-7B, ~6 GiB per device); sharded on the vocabulary it never is. A vocabulary
-# that does not divide the mesh falls back to the model dim.
+# output head (and a tied table) shard their vocabulary over fsdp first (rules are
+# applied in this order): a head sharded on the model dim is all-gathered whole for the
+# logits, with a whole float32 gradient beside it (6 B x 1.09e9 parameters at Qwen2.5-7B,
+# ~6 GiB per device); sharded on the vocabulary it never is. A vocabulary that does not
+# divide the mesh falls back to the model dim. An untied input table (`input_vocab`)
+# shards on the model dim instead: its lookup's gradient then scatters each device's
+# slice of the model dim, where a vocabulary-sharded table all-gathers the whole batch's
+# float32 cotangent to every device (2 GiB per device at Qwen2.5-14B, 6 devices, 8,192
+# tokens each).
 TRAIN_RULES = LogicalRules((
     ("batch", ("data", "fsdp")),
     ("vocab", ("fsdp", "tensor")),
@@ -64,6 +70,7 @@ TRAIN_RULES = LogicalRules((
 ROLLOUT_RULES = LogicalRules((
     ("batch", ("data",)),
     ("vocab", ("tensor",)),
+    ("input_vocab", ("tensor",)),
     ("mlp", ("tensor",)),
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
@@ -124,6 +131,33 @@ def undivided_bytes(config: ModelConfig, mesh: Mesh, rules: LogicalRules,
     jax.tree_util.tree_map_with_path(check, logical_axes(config), abstract,
                                      is_leaf=lambda x: isinstance(x, tuple))
     return lost
+
+
+def stored_abstract(config: ModelConfig, abstract: Params, stored_d_model: int) -> Params:
+    """`abstract` with every `embed` dimension padded from the model dim to
+    `stored_d_model` (the trainer's storage; `model.crop_to` cuts it back)."""
+    if stored_d_model < config.hidden_size:
+        raise ValueError(f"stored_d_model={stored_d_model} is below hidden_size "
+                         f"{config.hidden_size}")
+
+    def pad(names, leaf):
+        shape = tuple(stored_d_model if name == "embed" else n
+                      for name, n in zip(names, leaf.shape))
+        return jax.ShapeDtypeStruct(shape, leaf.dtype)
+
+    return jax.tree.map(pad, logical_axes(config), abstract,
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def padded_block(host: np.ndarray, index: tuple[slice, ...], shape: Sequence[int]
+                 ) -> np.ndarray:
+    """The block `index` of `host` zero-padded to `shape` (what one device of a padded
+    sharding holds; `jax.make_array_from_callback` asks for it)."""
+    starts = [s.start or 0 for s in index]
+    stops = [shape[i] if s.stop is None else s.stop for i, s in enumerate(index)]
+    inside = tuple(slice(min(a, n), min(b, n)) for a, b, n in zip(starts, stops, host.shape))
+    block = np.asarray(host[inside])
+    return np.pad(block, [(0, (b - a) - m) for a, b, m in zip(starts, stops, block.shape)])
 
 
 def param_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules,

@@ -1,6 +1,7 @@
 """The job refuses, at start and naming the field, a layout that does not divide the model
 or does not fit; what it admits is what ERS may choose; SFT picks a mesh that fits."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -121,9 +122,10 @@ def test_ranks_of_two_devices_count_partitions_in_ranks():
         TopologyConfig(devices=8, rollout_ranks=4, rollout_tensor=2)
 
 
-def test_the_shipped_14b_config_is_refused_naming_the_actor_that_misses():
-    """14B does not fit 8 x 80 GB yet: the job refuses its config at start with the bytes of
-    the largest actor mesh that divides the model, while its two-device rollout ranks fit."""
+def test_the_shipped_14b_config_fits_one_layout_and_refuses_a_four_device_actor():
+    """14B on 8 x 80 GB: one two-device rollout rank beside a six-device actor mesh, which
+    the model dim divides only as stored (5,120 padded to 5,160); a four-device actor (two
+    rollout ranks) is refused at start, naming the bytes."""
     from tidejax.bench.memory import gpu_config
     from tidejax.models.config import get_preset as preset
 
@@ -131,13 +133,20 @@ def test_the_shipped_14b_config_is_refused_naming_the_actor_that_misses():
     assert cfg.topology.rollout_tensor == 2
     jm = layout.job_memory(cfg, preset("qwen2.5-14b"),
                            cfg.memory_fraction * cfg.device_memory_gib * memory.GIB)
+    assert jm.shape.stored_d_model == 5160
     assert jm.rollout_fits()
     assert cfg.engine.num_pages <= memory.max_pages(jm.shape, 2, jm.engine, jm.capacity_bytes)
-    assert jm.partitions(cfg.topology.devices) == []
+    assert jm.partitions(cfg.topology.devices) == [(1, 0, 6)]
+    assert layout.initial_partition(cfg, jm, 8) == layout.ers.Partition(rollout=1, actor=3)
+    for system in ("async", "stream"):  # the fixed splits run the same layout
+        fixed = cfg.replace(system=system)
+        assert layout.initial_partition(fixed, jm, 8) == layout.ers.Partition(1, 3)
+    two_ranks = cfg.replace(system="async", topology=dataclasses.replace(cfg.topology,
+                                                                         rollout_ranks=2))
     with pytest.raises(layout.LayoutError, match=r"2 rollout rank\(s\), 0 reference and 4 "
                                                  r"actor device\(s\) cannot run: actor on 4 "
                                                  r"device\(s\) needs [\d.]+ GiB"):
-        layout.initial_partition(cfg, jm, 8)
+        layout.initial_partition(two_ranks, jm, 8)
 
 
 def test_one_device_runs_sync_with_rollout_and_training_taking_turns():

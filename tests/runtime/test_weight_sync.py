@@ -146,3 +146,35 @@ def test_a_rollout_rank_of_two_devices_serves_tensor_parallel_and_moves_whole():
             worker.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_padded_actor_mesh_syncs_real_shaped_weights_device_to_device(monkeypatch):
+    """Six actor devices do not divide the tiny model's hidden size 64: with padding
+    allowed up to 15% the job stores it as 72, and the engines still get the real shapes,
+    device to device."""
+    from tidejax.sched import memory
+
+    monkeypatch.setattr(memory, "MAX_STORAGE_PADDING", 0.15)
+    ctrl = make_controller(devices=8, rollout_ranks=2)
+    assert ctrl.job_memory.shape.stored_d_model == 72
+
+    async def scenario():
+        manager = new_manager(ctrl)
+        state = await ctrl._apply_partition(ers.Partition(rollout=2, actor=6), manager, None)
+        actor = ctrl.runner.actor
+        assert actor.mesh.size == 6 and actor.padded
+        state, _ = await sync_a_new_policy(ctrl, manager)
+        want = unstack_layers(jax.tree.map(lambda p: np.asarray(p.astype(jnp.bfloat16)),
+                                           actor.host_params(state.params)))
+        for rank, worker in manager.workers.items():
+            assert worker.version == 1
+            for got, expect in zip(jax.tree.leaves(worker.engine.params),
+                                   jax.tree.leaves(want)):
+                assert got.shape == expect.shape and got.dtype == jnp.bfloat16
+                assert got.sharding.device_set == {jax.devices()[rank]}
+                np.testing.assert_array_equal(np.asarray(got), expect)
+        await manager.aclose()
+        for worker in list(manager.workers.values()):
+            worker.stop()
+
+    asyncio.run(scenario())

@@ -36,6 +36,28 @@ def test_undivided_names_the_dimension():
     assert not memory.undivided(shape, tensor=4)
 
 
+def test_storage_dim_pads_within_the_cap_and_keeps_every_dividing_size():
+    # 14B: 5,120 divides 1, 2, 4, 5, 8; 5,160 (+0.8%) also divides 3 and 6
+    assert memory.storage_dim(5120, range(1, 9)) == 5160
+    # 7B: keeping 7 and 8 and adding 3 needs a multiple of 168 (3,696, +3.1%): no padding
+    assert memory.storage_dim(3584, range(1, 9)) == 3584
+    assert memory.storage_dim(3584, range(1, 9), max_padding=0.05) == 3696
+    assert memory.storage_dim(64, (1, 2, 4, 8)) == 64  # divides them all already
+    padded = memory.ModelShape.of(get_preset("qwen2.5-14b"))
+    padded = memory.replace(padded, stored_d_model=5160)
+    assert not memory.undivided(padded, trainer_devices=6)
+    assert "stored as 5160" in memory.undivided(padded, trainer_devices=7)[0]
+    # the stored state is the padded tree's, slightly above the model's
+    assert padded.params < padded.stored_params < 1.01 * padded.params
+
+
+def test_attention_constants_match_the_model():
+    from tidejax.models import model
+
+    assert memory.ATTENTION_BLOCK == model.ATTENTION_BLOCK
+    assert memory.ATTENTION_LOOP_FROM == model.ATTENTION_LOOP_FROM
+
+
 def _job(preset, capacity_gib, micro_batch_tokens=16384, row_len=4096, pages=8192):
     engine = memory.EngineShape(num_pages=pages, page_size=16, max_slots=64,
                                 max_seq_len=row_len, prefill_chunk=1024)

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from tidejax.bench import compiled_memory as cm
-from tidejax.bench.memory import calibration_config
+from tidejax.bench.memory import calibration_config, calibration_shape
 from tidejax.models.config import get_preset
 from tidejax.rl.config import RLConfig
 from tidejax.sched import memory
@@ -44,9 +44,11 @@ def test_trainer_steps_within_tolerance(preset, layers, devices, remat, mbt, row
     config = calibration_config(preset, layers)
     rows = memory.trainer_rows(mbt, row_len, devices)
     rl = RLConfig(remat=remat)
-    peaks = cm.trainer_peaks(config, rl, jax.devices()[:devices], rows, row_len)
-    peaks["ref"] = cm.ref_peak(config, rl, jax.devices()[:devices], rows, row_len)
-    shape = memory.ModelShape.of(config)
+    shape = calibration_shape(config)
+    peaks = cm.trainer_peaks(config, rl, jax.devices()[:devices], rows, row_len,
+                             shape.stored_d_model)
+    peaks["ref"] = cm.ref_peak(config, rl, jax.devices()[:devices], rows, row_len,
+                               shape.stored_d_model)
     batch = memory.TrainerBatch(rows, row_len, remat)
     for step, peak in peaks.items():
         model = (memory.ref_step(shape, devices, batch) if step == "ref"

@@ -108,10 +108,11 @@ def _abstract_batch(rows: int, row_len: int, sharding) -> tuple[Batch, jax.Shape
 
 
 def trainer_peaks(model_config: ModelConfig, rl_config: RLConfig, devices, rows: int,
-                  row_len: int) -> dict[str, Peak]:
-    """Per-device peak bytes of each trainer step on an FSDP mesh over `devices`."""
+                  row_len: int, stored_d_model: int | None = None) -> dict[str, Peak]:
+    """Per-device peak bytes of each trainer step on an FSDP mesh over `devices` (storing
+    the model dim padded to `stored_d_model`, as the job's trainers do)."""
     mesh = make_mesh(list(devices), data=1, fsdp=-1, tensor=1)
-    trainer = make_trainer(model_config, rl_config, mesh)
+    trainer = make_trainer(model_config, rl_config, mesh, stored_d_model=stored_d_model)
     state = trainer.abstract_state()
     accum = jax.eval_shape(trainer._zero)  # carries the jit's out_shardings
     batch, values = _abstract_batch(rows, row_len, trainer.batch_sharding)
@@ -144,12 +145,14 @@ def trainer_peaks(model_config: ModelConfig, rl_config: RLConfig, devices, rows:
 
 
 def ref_peak(model_config: ModelConfig, rl_config: RLConfig, devices, rows: int,
-             row_len: int) -> Peak:
+             row_len: int, stored_d_model: int | None = None) -> Peak:
     """Per-device peak bytes of a decoupled reference forward on its own mesh (its compute
     copy of the weights is the argument that stays resident)."""
     mesh = make_mesh(list(devices), data=1, fsdp=-1, tensor=1)
-    trainer = make_trainer(model_config, rl_config, mesh)
-    compute = _abstract(abstract_params(model_config), trainer.param_shardings)
+    trainer = make_trainer(model_config, rl_config, mesh, stored_d_model=stored_d_model)
+    compute = _abstract(jax.eval_shape(functools.partial(
+        cast_floating, dtype=model_config.jnp_dtype), trainer.stored_params),
+        trainer.param_shardings)
     batch, values = _abstract_batch(rows, row_len, trainer.batch_sharding)
     return _program(trainer._ref.lower(compute, batch).compile())
 

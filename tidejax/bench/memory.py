@@ -28,6 +28,7 @@ Last line: `fits_7b=<k>/<n> fits_14b=<k>/<n> worst_peak_gib=<x> model_error=<y>`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -71,6 +72,8 @@ TRAINER_CALIBRATION = (
     # Full depth at the GPU config's batch, on the actor meshes its partitions use.
     ("qwen2.5-7b", 28, 4, True, 16384, 4096), ("qwen2.5-7b", 28, 7, True, 16384, 4096),
     ("qwen2.5-7b", 28, 8, True, 16384, 4096),
+    # 14B at full depth on the 6-device actor mesh its GPU config uses (padded storage)
+    ("qwen2.5-14b", 48, 6, True, 16384, 4096),
 )
 ENGINE_CALIBRATION = (
     ("qwen2.5-0.5b", 2, 1, 2048, 32, 256, 1024), ("qwen2.5-0.5b", 3, 1, 2048, 32, 256, 1024),
@@ -87,21 +90,29 @@ def calibration_config(preset: str, layers: int) -> ModelConfig:
     return config.replace(vocab_size=4096) if preset == "tiny" else config
 
 
+def calibration_shape(config: ModelConfig, devices: int = 8) -> memory.ModelShape:
+    """The memory model's shape of `config`, its trainer storage padded as a job on
+    `devices` devices pads it (`runtime.layout.job_memory`)."""
+    shape = memory.ModelShape.of(config)
+    return dataclasses.replace(shape, stored_d_model=memory.storage_dim(
+        shape.d_model, range(1, devices + 1)))
+
+
 # ---------------------------------------------------------------------------- compiling
-def compile_actor(model_config: ModelConfig, rl: RLConfig, devices: int, batch, layers
-                  ) -> dict[str, int]:
+def compile_actor(model_config: ModelConfig, rl: RLConfig, devices: int, batch, layers,
+                  stored_d_model: int | None = None) -> dict[str, int]:
     def measure(config):
         return cm.trainer_peaks(config, rl, jax.devices()[:devices], batch.rows,
-                                batch.row_len)
+                                batch.row_len, stored_d_model)
 
     return cm.extrapolate(measure, model_config, layers)
 
 
-def compile_ref(model_config: ModelConfig, rl: RLConfig, devices: int, batch, layers
-                ) -> cm.Peak:
+def compile_ref(model_config: ModelConfig, rl: RLConfig, devices: int, batch, layers,
+                stored_d_model: int | None = None) -> cm.Peak:
     def measure(config):
         return {"ref": cm.ref_peak(config, rl, jax.devices()[:devices], batch.rows,
-                                   batch.row_len)}
+                                   batch.row_len, stored_d_model)}
 
     return cm.extrapolate(measure, model_config, layers)["ref"]
 
@@ -174,13 +185,15 @@ def calibrate(cache_path: str | None = None) -> dict[str, dict[str, dict[str, fl
         config = calibration_config(preset, layers)
         batch = memory.TrainerBatch(memory.trainer_rows(mbt, row_len, devices), row_len, remat)
         rl = RLConfig(remat=remat)
+        shape = calibration_shape(config)
 
         def measure():
-            peaks = compile_actor(config, rl, devices, batch, None)
-            return {**peaks, "ref": compile_ref(config, rl, devices, batch, None)}
+            stored = shape.stored_d_model
+            peaks = compile_actor(config, rl, devices, batch, None, stored)
+            return {**peaks, "ref": compile_ref(config, rl, devices, batch, None, stored)}
 
         peaks = _cached(cache, ("trainer", *key), measure)
-        rows.append((memory.ModelShape.of(config), devices, batch, peaks))
+        rows.append((shape, devices, batch, peaks))
         print(f"calibration {preset} L={layers} devices={devices} remat={remat}: "
               f"{ {k: round(v / GIB, 2) for k, v in peaks.items()} }", flush=True)
 
@@ -191,7 +204,7 @@ def calibrate(cache_path: str | None = None) -> dict[str, dict[str, dict[str, fl
         return memory.trainer_step(shape, devices, batch, step, coeffs={}).total
 
     trainer = {step: _fit_step(rows, step, lambda row, s=step: known(row, s),
-                               lambda row: memory.trainer_features(*row))
+                               lambda row, s=step: memory.step_features(*row, s))
                for step in (*memory.TRAINER_STEPS, "ref")}
     engine_rows = []
     for key in ENGINE_CALIBRATION:
@@ -254,14 +267,14 @@ def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
           f"(the config asks {cfg.engine.num_pages})", flush=True)
     for a in actor_sizes:
         batch = jm.batch(a)
-        peaks = compile_actor(model_config, rl, a, batch, layers)
+        peaks = compile_actor(model_config, rl, a, batch, layers, jm.shape.stored_d_model)
         for step, measured in peaks.items():
             record("actor", a, step, measured,
                    memory.trainer_step(jm.shape, a, batch, step).total)
         compiled[("actor", a)] = max(p.gpu_like for p in peaks.values())
     for f in ref_sizes:
         batch = jm.batch(f)
-        measured = compile_ref(model_config, rl, f, batch, layers)
+        measured = compile_ref(model_config, rl, f, batch, layers, jm.shape.stored_d_model)
         record("ref", f, "ref", measured, memory.ref_step(jm.shape, f, batch).total)
         compiled[("ref", f)] = measured.gpu_like
     tensor = jm.rollout_tensor

@@ -23,8 +23,17 @@ overlap them; only reading a metric waits.
 
 Precision: the state always holds float32 master weights and float32 Adam moments; steps
 compute in `model_config.dtype` (bf16 for the Qwen presets), casting layer by layer inside
-the model, so gradients arrive in float32. `compute_copy` makes the low-precision copy the
-rollout engines and a frozen reference use, on this mesh, without a host round trip.
+the model, so gradients arrive in float32. `compute_copy` makes the low-precision copy a
+frozen reference uses and `rollout_copy` the one the engines load, on this mesh, without a
+host round trip.
+
+Storage: with `stored_d_model` above the model dim, every parameter (and so every Adam
+moment and gradient) is stored with its model dim zero-padded to it, so that a mesh size
+that does not divide the model dim still shards evenly (Qwen2.5-14B's 5,120 on 6 devices).
+The model cuts the padding off inside each layer; its gradient is zero, so it stays zero.
+Parameters enter (`put_params`, `init_state`) and leave (`rollout_copy`, `host_params`)
+at the model's real shapes; states and accumulators move between trainers of one job
+unchanged, since every trainer of the job stores the same padded shapes.
 """
 
 from __future__ import annotations
@@ -41,8 +50,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tidejax.models import ModelConfig, init_params
-from tidejax.models.model import abstract_params, cast_floating, param_count
-from tidejax.models.sharding import TRAIN_RULES, LogicalRules, param_shardings, undivided_bytes
+from tidejax.models.model import abstract_params, cast_floating, crop_to, param_count
+from tidejax.models.sharding import (TRAIN_RULES, LogicalRules, padded_block, param_shardings,
+                                     stored_abstract, undivided_bytes)
 from tidejax.rl import deferred, steps
 from tidejax.rl.batch import Batch
 from tidejax.rl.config import RLConfig
@@ -76,15 +86,23 @@ class Trainer:
 
     def __init__(self, model_config: ModelConfig, rl_config: RLConfig, mesh: Mesh,
                  rules: LogicalRules = TRAIN_RULES, *, jit: bool = True,
-                 compiler_options: dict[str, Any] | None = None):
+                 compiler_options: dict[str, Any] | None = None,
+                 stored_d_model: int | None = None):
         """`jit=False` runs the pure functions eagerly (debugging); `compiler_options` go to
-        every `jax.jit` (tests pass a low XLA optimisation level to compile faster)."""
+        every `jax.jit` (tests pass a low XLA optimisation level to compile faster);
+        `stored_d_model` pads the stored model dim (see the module docstring)."""
         self.model_config, self.rl_config, self.mesh, self.rules = (
             model_config, rl_config, mesh, rules)
         # Master weights (and so Adam's moments) are float32 whatever the compute dtype.
         self.master_config = master = model_config.replace(dtype="float32")
         repl = NamedSharding(mesh, PartitionSpec())
-        master_params = abstract_params(master)
+        logical = abstract_params(master)
+        self.logical_shapes = jax.tree.map(lambda a: a.shape, logical)
+        master_params = stored_abstract(master, logical, stored_d_model or
+                                        model_config.hidden_size)
+        self.stored_params = master_params  # shapes and dtypes as stored
+        self.padded = any(a.shape != b.shape for a, b in zip(jax.tree.leaves(logical),
+                                                               jax.tree.leaves(master_params)))
         self.param_shardings = param_shardings(model_config, mesh, rules, master_params)
         self._warn_undivided(master_params)
         tx = make_optimizer(rl_config.optim)
@@ -112,11 +130,22 @@ class Trainer:
         else:
             compile_ = lambda f, **_: f
 
+        # Under remat the deferred pair walks the layers itself and adds each layer's
+        # gradients into the accumulator in place (no whole gradient tree beside it).
         def forward(params, batch):
-            logp, pullback = deferred.actor_forward(cfg, params, batch, **rl_kw)
+            if self.remat:
+                logp, pullback = deferred.actor_forward_layerwise(
+                    cfg, params, batch, chunk=rl.logprob_chunk, activation_sharding=activations,
+                    temperature=rl.temperature)
+            else:
+                logp, pullback = deferred.actor_forward(cfg, params, batch, **rl_kw)
             return jax.lax.with_sharding_constraint(logp, bs), pullback
 
         def backward(pullback, logp, ref_logp, batch, denom, accum):
+            if self.remat:
+                return deferred.actor_backward_layerwise(
+                    cfg, pullback, logp, ref_logp, batch, loss, denom, accum,
+                    activation_sharding=activations)
             return add_to_accum(accum, *deferred.actor_backward(pullback, logp, ref_logp, batch,
                                                                 loss, denom))
 
@@ -132,8 +161,11 @@ class Trainer:
                                             master_params), metrics=empty_metrics())
 
         def init(key):
-            return init_train_state(init_params(master, jax.random.wrap_key_data(key)),
-                                    rl.optim, key)
+            params = init_params(master, jax.random.wrap_key_data(key))
+            return init_train_state(jax.tree.map(_pad_to, params, master_params), rl.optim,
+                                    key)
+
+        self._abstract_init = init
 
         def init_from(key, params):
             return init_train_state(cast_floating(params, jnp.float32), rl.optim, key)
@@ -148,9 +180,18 @@ class Trainer:
         self._compute_copy = compile_(
             functools.partial(cast_floating, dtype=cfg.jnp_dtype), in_shardings=(ps,),
             out_shardings=ps)
-        self._gathered_copy = compile_(
-            functools.partial(cast_floating, dtype=cfg.jnp_dtype), in_shardings=(ps,),
-            out_shardings=jax.tree.map(lambda _: repl, ps))
+        logical_shapes = self.logical_shapes
+
+        def logical_copy(params):
+            return cast_floating(crop_to(params, logical_shapes), cfg.jnp_dtype)
+
+        self._gathered_copy = compile_(logical_copy, in_shardings=(ps,),
+                                       out_shardings=jax.tree.map(lambda _: repl, ps))
+        # A padded model dim does not divide the mesh once cut off: the real-shaped copy
+        # shards another dimension that divides it (the layer axis at Qwen2.5-14B on 6),
+        # or is replicated where none does.
+        self._logical_copy = compile_(logical_copy, in_shardings=(ps,), out_shardings=jax.tree.map(
+            lambda a: NamedSharding(mesh, _dividing_spec(a.shape, mesh)), logical))
         self._forward = compile_(forward, in_shardings=(ps, bs))
         # The pullback is not donated: among its residuals are the parameter arrays
         # themselves, which the state still owns. Its shardings are whatever the forward
@@ -189,8 +230,24 @@ class Trainer:
         return jax.device_put(x, self.batch_sharding)
 
     def put_params(self, params: Params) -> Params:
-        """Reshard parameters (from the host or another submesh) onto this mesh."""
-        return jax.device_put(params, self.param_shardings)
+        """Reshard parameters (from the host or another submesh, at the model's real or
+        this job's stored shapes) onto this mesh, padded as the trainer stores them."""
+        if all(x.shape == a.shape for x, a in zip(jax.tree.leaves(params),
+                                                  jax.tree.leaves(self.stored_params))):
+            return jax.device_put(params, self.param_shardings)
+
+        # Real shapes into padded storage: each device's block cut from the host copy.
+        def place(x, a, sharding):
+            host = np.asarray(x)
+            return jax.make_array_from_callback(
+                a.shape, sharding, lambda index: padded_block(host, index, a.shape))
+
+        return jax.tree.map(place, params, self.stored_params, self.param_shardings)
+
+    def host_params(self, params: Params) -> Params:
+        """Numpy copies at the model's real shapes (the padding cut off on the host)."""
+        host = jax.device_get(params)
+        return crop_to(host, self.logical_shapes)
 
     def compute_copy(self, params: Params) -> Params:
         """`params` in the compute dtype, sharded on this mesh (a bf16 model's rollout
@@ -203,6 +260,8 @@ class Trainer:
         the mesh) and this process reads it from one of its own devices, since a
         cross-process `device_put` is not something to build on."""
         if not self.mesh.is_multi_process:
+            if self.padded:
+                return self._logical_copy(self.put_params(params))
             return self.compute_copy(params)
         gathered = self._gathered_copy(self.put_params(params))
         return jax.tree.map(lambda x: x.addressable_data(0), gathered)
@@ -216,9 +275,7 @@ class Trainer:
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and this mesh's shardings of a TrainState (for restoring)."""
-        shapes = jax.eval_shape(lambda k: init_train_state(
-            init_params(self.master_config, jax.random.wrap_key_data(k)),
-            self.rl_config.optim, k), jax.random.key_data(jax.random.key(0)))
+        shapes = jax.eval_shape(self._abstract_init, jax.random.key_data(jax.random.key(0)))
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             shapes, self.state_shardings)
 
@@ -257,6 +314,21 @@ class Trainer:
         return self._sft_step(state, batch, _denom(denom))
 
 
+def _pad_to(x: jax.Array, like) -> jax.Array:
+    if x.shape == like.shape:
+        return x
+    return jnp.pad(x, [(0, n - m) for m, n in zip(x.shape, like.shape)])
+
+
+def _dividing_spec(shape, mesh: Mesh) -> PartitionSpec:
+    """The first dimension the whole mesh divides, sharded over it; else replicated."""
+    axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
+    for i, n in enumerate(shape):
+        if axes and n % mesh.size == 0:
+            return PartitionSpec(*([None] * i), axes if len(axes) > 1 else axes[0])
+    return PartitionSpec()
+
+
 def _denom(denom):
     # A fixed dtype keeps one compiled version whether the caller passes an int or a float.
     return None if denom is None else np.float32(denom)
@@ -264,7 +336,8 @@ def _denom(denom):
 
 def make_trainer(model_config: ModelConfig, rl_config: RLConfig, mesh: Mesh,
                  rules: LogicalRules = TRAIN_RULES, *, jit: bool = True,
-                 compiler_options: dict[str, Any] | None = None) -> Trainer:
+                 compiler_options: dict[str, Any] | None = None,
+                 stored_d_model: int | None = None) -> Trainer:
     """The factory the runtime calls per submesh (topology is data: any mesh works)."""
     return Trainer(model_config, rl_config, mesh, rules, jit=jit,
-                   compiler_options=compiler_options)
+                   compiler_options=compiler_options, stored_d_model=stored_d_model)

@@ -259,17 +259,19 @@ class Controller:
                                                   batch_groups=self.host_batch_groups)
         self.buffer = GlobalBuffer(bound, cfg.micro_batch_tokens,
                                    consume_order=cfg.rollout.consume_order)
+        # The memory model admits the mesh sizes ERS may choose and refuses, at start, a
+        # layout that does not divide the model or fit (initial_partition); it also picks
+        # the padded model dim every trainer stores.
+        self.job_memory = layout.job_memory(cfg, model_config,
+                                            layout.capacity_bytes(cfg, self.devices))
         self.runner = TrainerRunner(model_config, cfg.trainer_rl(), cfg.row_len,
-                                    cfg.micro_batch_tokens, self.params_host, self.trace)
+                                    cfg.micro_batch_tokens, self.params_host, self.trace,
+                                    stored_d_model=self.job_memory.shape.stored_d_model)
         self.meter = GoodputMeter()
         self._engines: dict[int, Any] = {}
         self.version = 0
         self.data_cursor = 0  # training groups issued so far (resume point)
         self.records: list[StepRecord] = []
-        # The memory model admits the mesh sizes ERS may choose and refuses, at start, a
-        # layout that does not divide the model or fit (initial_partition).
-        self.job_memory = layout.job_memory(cfg, model_config,
-                                            layout.capacity_bytes(cfg, self.devices))
         self.ers_config = layout.ers_config(cfg, self.job_memory, cfg.topology.devices)
         self._step_times: list[float] = []
         self._since_move = 1 << 30  # boundaries since ERS last changed the partition

@@ -11,6 +11,8 @@ model is asked in devices.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from tidejax.config import RunConfig
@@ -46,8 +48,15 @@ def capacity_bytes(cfg: RunConfig, devices) -> float:
 
 def job_memory(cfg: RunConfig, model_config: ModelConfig, capacity: float
                ) -> memory.JobMemory:
+    """The memory model of this job; its shape's `stored_d_model` is the padded model dim
+    every trainer of the job stores (one for all, so states move between them as they
+    are), chosen to divide as many trainer mesh sizes as the job has devices."""
+    mesh_sizes = range(1, cfg.topology.devices * jax.process_count() + 1)
+    shape = memory.ModelShape.of(model_config)
+    shape = dataclasses.replace(shape, stored_d_model=memory.storage_dim(shape.d_model,
+                                                                         mesh_sizes))
     return memory.JobMemory(
-        shape=memory.ModelShape.of(model_config), micro_batch_tokens=cfg.micro_batch_tokens,
+        shape=shape, micro_batch_tokens=cfg.micro_batch_tokens,
         row_len=cfg.row_len, remat=resolve_remat(model_config, cfg.rl),
         engine=memory.EngineShape.of(cfg.engine), capacity_bytes=capacity,
         rollout_tensor=cfg.topology.rollout_tensor)

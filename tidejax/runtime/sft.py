@@ -96,8 +96,10 @@ def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, 
                         total_steps=cfg.sft.steps + 1, weight_decay=0.0)
     rl = cfg.rl.replace(optim=optim)
     n = sft_mesh_size(cfg, model_config, devices)
+    stored = layout.job_memory(cfg, model_config, 0.0).shape.stored_d_model
     # The last devices: where the actor mesh starts (rollout ranks take the first ones).
-    trainer = make_trainer(model_config, rl, make_mesh(list(devices[-n:]), fsdp=-1))
+    trainer = make_trainer(model_config, rl, make_mesh(list(devices[-n:]), fsdp=-1),
+                           stored_d_model=stored)
     state = trainer.init_state(cfg.sft.seed, params)
     rng = np.random.default_rng(cfg.sft.seed)
     step, loss = 0, float("nan")
@@ -117,6 +119,6 @@ def sft_warm_start(cfg: RunConfig, model_config: ModelConfig, params, episodes, 
                     writer.write(step, "sft", {"loss": loss})
             if step >= cfg.sft.steps:
                 break
-    params = jax.device_get(state.params)
+    params = trainer.host_params(state.params)
     save_params(params, cache_path)
     return params

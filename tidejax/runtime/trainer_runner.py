@@ -67,7 +67,7 @@ def _bucket_rows(rows: int) -> int:
 class TrainerRunner:
     def __init__(self, model_config: ModelConfig, rl_config: RLConfig, row_len: int,
                  micro_batch_tokens: int, ref_params_host, trace: TraceRecorder | None = None,
-                 compiler_options: dict | None = None):
+                 compiler_options: dict | None = None, stored_d_model: int | None = None):
         self.model_config = model_config
         self.rl_config = rl_config
         self.row_len = row_len
@@ -77,6 +77,7 @@ class TrainerRunner:
         self.ref_params_host = cast_floating(ref_params_host, model_config.jnp_dtype)
         self.trace = trace
         self.compiler_options = compiler_options
+        self.stored_d_model = stored_d_model  # every trainer's padded model dim (one per job)
         self._trainers: dict[tuple, Trainer] = {}
         self._ref_on: dict[tuple, object] = {}
         self.actor: Trainer | None = None
@@ -91,7 +92,8 @@ class TrainerRunner:
         if key not in self._trainers:
             mesh = make_mesh(list(devices), data=1, fsdp=-1, tensor=1)
             self._trainers[key] = make_trainer(self.model_config, self.rl_config, mesh,
-                                               compiler_options=self.compiler_options)
+                                               compiler_options=self.compiler_options,
+                                               stored_d_model=self.stored_d_model)
         return self._trainers[key]
 
     def place(self, state: TrainState | None, actor_devices: Sequence[jax.Device],

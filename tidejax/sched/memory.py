@@ -24,8 +24,10 @@ the float32 copies of bf16 operands only the CPU compiler makes). They are withi
 the error at the job's full shapes. The GPU compiler's buffer assignment differs, which is
 what the default ``memory_fraction`` of 0.75 leaves room for; no GPU has checked it yet.
 
-Layouts are refused, not silently replicated, when a sharded dimension does not divide
-the mesh (:func:`undivided`): the trainer's model dim over its devices, a rollout rank's
+Trainers store the model dim padded (:func:`storage_dim`) so that it divides every
+trainer mesh size the job may choose, within ``MAX_STORAGE_PADDING``; layouts are refused,
+not silently replicated, when a sharded dimension still does not divide the mesh
+(:func:`undivided`): the trainer's stored model dim over its devices, a rollout rank's
 heads, KV heads, MLP and vocabulary over its tensor-parallel devices.
 """
 
@@ -40,6 +42,34 @@ MASTER_BYTES = 4  # float32 master weights, gradients and each Adam moment
 TRAINER_STEPS = ("sft", "fused", "forward", "backward", "ref_colocated", "update")
 ENGINE_STEPS = ("prefill", "decode")
 DECODE_LOOP_POOL_COPIES = 2  # see engine_step
+# Trainers pad the stored model dim by at most this share to make it divide more mesh
+# sizes [A]: 1% of the state costs less than one mesh size lost to ERS (Qwen2.5-14B's
+# 5,120 -> 5,136 is 0.3% and admits 3 and 6 devices; 7 would need 5,880, 15%).
+MAX_STORAGE_PADDING = 0.01
+# The training attention's query block and the row length from which its blocks run in a
+# loop with one block's scores alive (``models.model.ATTENTION_BLOCK`` and
+# ``ATTENTION_LOOP_FROM``; a test keeps them equal).
+ATTENTION_BLOCK = 256
+ATTENTION_LOOP_FROM = 2048
+
+
+def storage_dim(d_model: int, mesh_sizes, max_padding: float | None = None) -> int:
+    """The model dim a trainer stores: the smallest size >= ``d_model`` within
+    ``max_padding`` (default ``MAX_STORAGE_PADDING``) that keeps every mesh size dividing
+    ``d_model`` and adds the most of the others in ``mesh_sizes`` (``d_model`` itself when
+    padding adds none)."""
+    if max_padding is None:
+        max_padding = MAX_STORAGE_PADDING
+    sizes = sorted(set(mesh_sizes))
+    kept = [n for n in sizes if d_model % n == 0]
+    best, best_count = d_model, len(kept)
+    for stored in range(d_model + 1, int(d_model * (1 + max_padding)) + 1):
+        if any(stored % n for n in kept):
+            continue
+        count = sum(1 for n in sizes if stored % n == 0)
+        if count > best_count:
+            best, best_count = stored, count
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +85,7 @@ class ModelShape:
     head_dim: int
     tied: bool
     compute_bytes: int  # 2 for bf16 compute, 4 for float32
+    stored_d_model: int = 0  # the model dim trainers store (padded); 0: ``d_model``
 
     def __post_init__(self) -> None:
         for name in ("vocab", "d_model", "ffn", "layers", "heads", "kv_heads", "head_dim"):
@@ -62,6 +93,8 @@ class ModelShape:
                 raise ValueError(f"ModelShape.{name} must be positive")
         if self.compute_bytes not in (2, 4):
             raise ValueError("ModelShape.compute_bytes must be 2 or 4")
+        if self.stored_d_model and self.stored_d_model < self.d_model:
+            raise ValueError("ModelShape.stored_d_model must be 0 or >= d_model")
 
     @classmethod
     def of(cls, config) -> ModelShape:
@@ -86,6 +119,15 @@ class ModelShape:
     @property
     def params(self) -> int:
         return self.layers * self.layer_params + self.table_params + self.d_model
+
+    @property
+    def trainer_d_model(self) -> int:
+        return self.stored_d_model or self.d_model
+
+    @property
+    def stored_params(self) -> int:
+        """Parameters a trainer stores (padded model dim)."""
+        return replace(self, d_model=self.trainer_d_model, stored_d_model=0).params
 
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.compute_bytes
@@ -155,8 +197,10 @@ def undivided(shape: ModelShape, trainer_devices: int = 1, tensor: int = 1) -> l
     """Sharded dimensions that a trainer mesh of ``trainer_devices`` (FSDP over the model
     dim) or a rollout rank of ``tensor`` devices does not divide; empty when it fits."""
     bad = []
-    if trainer_devices > 1 and shape.d_model % trainer_devices:
-        bad.append(f"hidden_size {shape.d_model} over {trainer_devices} trainer devices")
+    if trainer_devices > 1 and shape.trainer_d_model % trainer_devices:
+        stored = ("" if shape.trainer_d_model == shape.d_model
+                  else f" (stored as {shape.trainer_d_model})")
+        bad.append(f"hidden_size {shape.d_model}{stored} over {trainer_devices} trainer devices")
     if tensor > 1:
         for name, dim in (("num_heads", shape.heads), ("num_kv_heads", shape.kv_heads),
                           ("intermediate_size", shape.ffn), ("vocab_size", shape.vocab)):
@@ -174,10 +218,16 @@ def trainer_features(shape: ModelShape, devices: int, batch: TrainerBatch,
     rows = batch.rows / devices
     saved = 0 if batch.remat else shape.layers  # layers whose insides stay alive
     layer_acts = cb * tokens * (4 * d + 3 * shape.ffn)  # q/k/v/o and MLP intermediates
-    layer_scores = MASTER_BYTES * rows * shape.heads * batch.row_len ** 2 / 2  # causal blocks
+    looped = (batch.row_len >= ATTENTION_LOOP_FROM and batch.row_len > ATTENTION_BLOCK
+              and batch.row_len % ATTENTION_BLOCK == 0)
+    if looped:  # one query block against every key; recomputed, never kept
+        layer_scores = MASTER_BYTES * rows * shape.heads * ATTENTION_BLOCK * batch.row_len
+    else:  # every causal block at once
+        layer_scores = MASTER_BYTES * rows * shape.heads * batch.row_len ** 2 / 2
+    saved_scores = 0 if looped else saved * layer_scores
     return {
         # gradients of the whole model before they join the accumulator (sharded)
-        "grads": MASTER_BYTES * shape.params / devices,
+        "grads": MASTER_BYTES * shape.stored_params / devices,
         # the tables in the compute dtype and their float32 gradients: sharded when the
         # vocabulary divides the mesh, else all-gathered whole (TRAIN_RULES)
         "tables": (cb + MASTER_BYTES) * shape.table_params / (
@@ -191,7 +241,7 @@ def trainer_features(shape: ModelShape, devices: int, batch: TrainerBatch,
         "layer_scores": layer_scores,
         # ... and every layer's, kept for the backward without remat
         "saved_acts": saved * layer_acts,
-        "saved_scores": saved * layer_scores,
+        "saved_scores": saved_scores,
         # one chunk of float32 logits
         "logits": MASTER_BYTES * rows * min(logprob_chunk, batch.row_len) * shape.vocab,
         # float32 copies of the final hidden states
@@ -201,25 +251,28 @@ def trainer_features(shape: ModelShape, devices: int, batch: TrainerBatch,
 
 
 # Fitted by `python -m tidejax.bench.memory --calibrate` (least squares, relative error)
-# over compiled peaks at Qwen2.5-0.5B and 7B shapes, 7B also at full depth and the GPU
-# config's batch (`TRAINER_CALIBRATION`, `ENGINE_CALIBRATION` there; packed prefill), on
-# jax 0.10.2, 2026-12-04; see the module docstring.
+# over compiled peaks at Qwen2.5-0.5B and 7B shapes, 7B and 14B also at full depth and the
+# GPU configs' batch (`TRAINER_CALIBRATION`, `ENGINE_CALIBRATION` there; packed prefill,
+# layer-by-layer deferred backward, looped attention from 2,048 tokens), on jax 0.10.2,
+# 2026-12-04; see the module docstring.
 TRAINER_COEFFS: dict[str, dict[str, float]] = {
-    "sft": {"tables": 0.5923, "layer_scores": 2.463, "saved_acts": 1.864, "logits": 1.767,
-        "hidden": 18.27, "grads": 1.0},
-    "fused": {"tables": 0.4836, "layer_scores": 2.225, "saved_acts": 1.826, "logits": 1.566,
-        "hidden": 26.41, "grads": 1.0},
-    "forward": {"grads": 0.2843, "tables": 0.3177, "layer": 0.4471, "carry": 2.424,
-        "layer_scores": 2.452, "saved_acts": 1.754, "saved_scores": 2.684, "logits": 0.559},
-    "backward": {"tables": 0.5157, "layer": 0.2443, "carry": 2.791, "layer_scores": 2.189,
-        "saved_acts": 3.86, "saved_scores": 0.4246, "logits": 1.112, "hidden": 31.58,
+    "sft": {"tables": 0.5808, "carry": 0.09799, "layer_acts": 1.921, "layer_scores": 4.168,
+        "saved_acts": 1.086, "saved_scores": 0.8067, "grads": 1.0},
+    "fused": {"tables": 0.4899, "layer": 0.06198, "layer_acts": 1.665,
+        "layer_scores": 4.245, "saved_acts": 1.034, "saved_scores": 0.8313, "hidden": 3.7,
         "grads": 1.0},
-    "ref_colocated": {"tables": 0.2952, "layer": 0.2823, "layer_scores": 1.423,
-        "saved_scores": 0.02353, "logits": 0.4217},
-    "update": {"tables": 2.285e-06, "layer": 5.915e-05, "carry": 0.001196,
-        "saved_scores": 1.316e-05, "one": 8436.0, "grads": 1.0},
-    "ref": {"tables": 0.2528, "layer": 0.3296, "layer_scores": 1.312, "saved_scores": 0.03102,
-        "logits": 0.5296},
+    "forward": {"grads": 0.8226, "tables": 0.3321, "layer": 0.3394, "carry": 1.266,
+        "layer_acts": 1.048, "saved_acts": 2.286, "saved_scores": 2.408, "logits": 0.8415,
+        "hidden": 1.005, "one": 37710000.0},
+    "backward": {"tables": 0.5167, "layer": 0.814, "carry": 3.187, "layer_acts": 1.25,
+        "layer_scores": 4.716, "saved_acts": 2.748, "saved_scores": 1.097, "hidden": 8.24,
+        "grads": 1.0},
+    "ref_colocated": {"tables": 0.3003, "layer_acts": 1.279, "layer_scores": 1.035,
+        "saved_acts": 0.003771},
+    "update": {"tables": 1.905e-06, "layer": 5.639e-05, "carry": 0.001255,
+        "saved_acts": 1.516e-05, "one": 8172.0, "grads": 1.0},
+    "ref": {"tables": 0.2642, "layer": 0.04488, "layer_acts": 1.147, "layer_scores": 1.148,
+        "saved_acts": 0.02135},
 }
 ENGINE_COEFFS: dict[str, dict[str, float]] = {
     "prefill": {"slots_gather": 0.1091, "prefill_acts": 3.731, "prefill_scores": 3.055},
@@ -238,24 +291,35 @@ def trainer_step(shape: ModelShape, devices: int, batch: TrainerBatch, step: str
     if step not in TRAINER_STEPS:
         raise ValueError(f"unknown trainer step {step!r}; known: {TRAINER_STEPS}")
     coeffs = TRAINER_COEFFS if coeffs is None else coeffs
-    state = MASTER_BYTES * shape.params / devices
+    state = MASTER_BYTES * shape.stored_params / devices
     kinds = {"params": state, "optimizer": 2 * state, "grads": state}
     if step in ("sft",):
         kinds["grads"] = 0.0  # the SFT step folds gradients into the update
     if step == "ref_colocated":
-        kinds["ref"] = shape.compute_bytes * shape.params / devices
+        kinds["ref"] = shape.compute_bytes * shape.stored_params / devices
     # eight [B, T] 4-byte arrays (the batch and the reference log-probs); not the update's
     batch_bytes = 0.0 if step == "update" else 32.0 * batch.rows * batch.row_len / devices
     kinds["activations"] = batch_bytes + _linear(coeffs.get(step, {}),
-                                                 trainer_features(shape, devices, batch))
+                                                 step_features(shape, devices, batch, step))
     return Footprint(kinds)
+
+
+def step_features(shape: ModelShape, devices: int, batch: TrainerBatch, step: str
+                  ) -> dict[str, float]:
+    """`trainer_features` as one step sees them: under remat the deferred backward adds
+    each layer's gradients into the accumulator in place (``deferred.
+    actor_backward_layerwise``), so it holds no whole new gradient tree."""
+    features = trainer_features(shape, devices, batch)
+    if step == "backward" and batch.remat:
+        features["grads"] = 0.0
+    return features
 
 
 def ref_step(shape: ModelShape, devices: int, batch: TrainerBatch,
              coeffs: dict[str, dict[str, float]] | None = None) -> Footprint:
     """Per-device peak of a decoupled reference forward on its own ``devices``."""
     coeffs = TRAINER_COEFFS if coeffs is None else coeffs
-    kinds = {"ref": shape.compute_bytes * shape.params / devices,
+    kinds = {"ref": shape.compute_bytes * shape.stored_params / devices,
              "activations": 32.0 * batch.rows * batch.row_len / devices + _linear(
                  coeffs.get("ref", {}), trainer_features(shape, devices, batch))}
     return Footprint(kinds)
