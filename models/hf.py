@@ -104,7 +104,10 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
 
     With `mesh` and `rules`, each parameter is placed straight onto its sharding and
     each device reads (and converts to `dtype`) only its own slice of the memory-mapped
-    files. `dtype=None` keeps the checkpoint's `torch_dtype` (bfloat16 for Qwen2.5).
+    files. Without, the parameters are host (numpy) arrays for the caller to place: the
+    job keeps the reference's copy on the host anyway, and a whole 14B model on the
+    default device would sit beside that device's rollout engine. `dtype=None` keeps the
+    checkpoint's `torch_dtype` (bfloat16 for Qwen2.5).
     """
     path = os.fspath(path)
     cfg = read_config(path, dtype)
@@ -154,8 +157,7 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
                 return read(None, idx)
 
         if shardings is None:
-            full = tuple(slice(None) for _ in target.shape)
-            value = jnp.asarray(fetch(full))
+            value = fetch(tuple(slice(None) for _ in target.shape))
         else:
             sharding = shardings
             for part in key_path:

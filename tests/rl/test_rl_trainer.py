@@ -194,17 +194,22 @@ def test_state_a_mesh_size_cannot_shard_is_measured_and_reported(caplog):
     much state each device holds beyond an even share; 8 devices divide and stay quiet."""
     from tidejax.models import get_preset
     from tidejax.models.model import abstract_params
-    from tidejax.models.sharding import make_mesh, undivided_bytes
+    from tidejax.models.sharding import make_mesh, stored_abstract, undivided_bytes
 
     cfg = get_preset("qwen2.5-7b").replace(num_layers=1, dtype="float32")
     six = make_mesh(jax.devices()[:6], fsdp=-1)
     lost = undivided_bytes(cfg, six, TRAIN_RULES, abstract_params(cfg))
     # An MLP kernel [L, D, F] is sharded on D; unsharded, each device keeps 5/6 of it
-    # extra. The embedding [V, D] shards its vocabulary (152,064 divides 6) and loses nothing.
+    # extra. The output head [D, V] shards its vocabulary (152,064 divides 6) and loses
+    # nothing; the untied input table shards on D, so it loses like the kernels.
     gate = cfg.num_layers * cfg.hidden_size * cfg.intermediate_size * 4
     assert lost["['layers']['mlp']['gate_kernel']"] == gate - gate // 6
-    assert "['embedder']['embedding']" not in lost
+    assert "['embedder']['lm_head']" not in lost
+    assert "['embedder']['embedding']" in lost
     assert undivided_bytes(cfg, make_mesh(jax.devices()[:8], fsdp=-1), TRAIN_RULES) == {}
+    # stored padded to a multiple of 6, nothing is lost
+    padded = stored_abstract(cfg, abstract_params(cfg), 3588)
+    assert undivided_bytes(cfg, six, TRAIN_RULES, padded) == {}
     with caplog.at_level("WARNING", logger="tidejax.rl.trainer"):
         make_trainer(cfg, RLConfig(), six)
     assert "6-device trainer mesh cannot shard" in caplog.text
