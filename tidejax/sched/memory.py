@@ -44,7 +44,7 @@ ENGINE_STEPS = ("prefill", "decode")
 DECODE_LOOP_POOL_COPIES = 2  # see engine_step
 # Trainers pad the stored model dim by at most this share to make it divide more mesh
 # sizes [A]: 1% of the state costs less than one mesh size lost to ERS (Qwen2.5-14B's
-# 5,120 -> 5,136 is 0.3% and admits 3 and 6 devices; 7 would need 5,880, 15%).
+# 5,120 -> 5,160 is 0.8% and admits 3 and 6 devices; 7 would need 5,880, 15%).
 MAX_STORAGE_PADDING = 0.01
 # The training attention's query block and the row length from which its blocks run in a
 # loop with one block's scores alive (``models.model.ATTENTION_BLOCK`` and
