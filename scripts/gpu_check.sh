@@ -77,6 +77,10 @@ cp /tmp/gpu_check_job_0.5b/summary.json "$out/job_0.5b_summary.json" 2>/dev/null
 # Training: fused vs deferred-KL step, Qwen2.5-0.5B shapes.
 run train_0.5b 120 python3 -m tidejax.bench.train --preset qwen2.5-0.5b --batch 8 \
     --length 1024 --rounds 5
+# The same under remat at 4,096-token rows: the layer-by-layer deferred backward and the
+# looped attention blocks that 7B and 14B run (never yet run on a GPU).
+run train_0.5b_remat_4k 120 python3 -m tidejax.bench.train --preset qwen2.5-0.5b --batch 2 \
+    --length 4096 --rounds 3 --remat
 # The 7B rollout rank's decode and prefill compiled for this GPU (abstract arrays, nothing
 # materialised; depth extrapolated from 2 and 3 layers) beside the memory model with and
 # without the two KV-pool copies it adds for decode. On CPU those copies come from bf16
