@@ -52,3 +52,35 @@ def test_non_finite_loss_skips_the_update():
     assert report.metrics == {"skipped_update": 1.0} and runner.skipped_updates == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state.params))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_reference_stays_on_the_actor_mesh_only_where_the_memory_model_allows():
+    """Allowed: copied in once per actor mesh and reused by every later step (no swap);
+    not allowed (or a capacity the device does not report): copied in every step."""
+    params = tiny_params(CFG)
+    trajs, adv = trajectories(), [1.0, -1.0, 0.5, -0.5]
+    for allowed in (True, False):
+        asked = []
+
+        def stays(devices, allowed=allowed):
+            asked.append(devices)
+            return allowed
+
+        runner = TrainerRunner(CFG, RL, row_len=64, micro_batch_tokens=64,
+                               ref_params_host=jax.device_get(params),
+                               compiler_options=FAST_COMPILE, ref_stays_beside=stays)
+        runner.place(None, jax.devices()[:2])
+        state = runner.actor.init_state(0, params)
+        swaps = []
+        for mode in ("colocated", "alternating", "colocated"):
+            state, report = runner.step(state, trajs, adv, mode)
+            swaps.append(report.swap_seconds)
+        assert asked and set(asked) == {2}
+        if allowed:
+            assert swaps[0] > 0 and swaps[1:] == [0.0, 0.0]
+            resident = runner._resident_ref
+            assert resident is not None
+            runner.place(state, jax.devices()[2:4])  # a new actor mesh: placed again
+            assert runner._resident_ref is None
+        else:
+            assert all(s > 0 for s in swaps) and runner._resident_ref is None

@@ -51,6 +51,16 @@ def test_storage_dim_pads_within_the_cap_and_keeps_every_dividing_size():
     assert padded.params < padded.stored_params < 1.01 * padded.params
 
 
+def test_the_reference_stays_beside_the_actor_only_where_it_fits():
+    jm = _job("qwen2.5-7b", 60)
+    ref = jm.shape.compute_bytes * jm.shape.stored_params / 4
+    assert jm.ref_stays_beside(4)
+    tight = memory.replace(jm, capacity_bytes=jm.actor(4).total + ref - 1)
+    assert not tight.ref_stays_beside(4)
+    unknown = memory.replace(jm, capacity_bytes=memory.UNBOUNDED_BYTES)  # CPU
+    assert not unknown.ref_stays_beside(4)
+
+
 def test_attention_constants_match_the_model():
     from tidejax.models import model
 

@@ -272,6 +272,11 @@ def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
             record("actor", a, step, measured,
                    memory.trainer_step(jm.shape, a, batch, step).total)
         compiled[("actor", a)] = max(p.gpu_like for p in peaks.values())
+        if jm.ref_stays_beside(a):  # the job keeps the reference's copy on this mesh too
+            ref_bytes = jm.shape.compute_bytes * jm.shape.stored_params / a
+            compiled[("actor", a)] += ref_bytes
+            print(f"  actor   {a} dev keeps the reference resident: +{ref_bytes / GIB:.1f} GiB "
+                  f"-> {compiled[('actor', a)] / GIB:.1f} GiB", flush=True)
     for f in ref_sizes:
         batch = jm.batch(f)
         measured = compile_ref(model_config, rl, f, batch, layers, jm.shape.stored_d_model)

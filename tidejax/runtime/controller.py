@@ -266,7 +266,8 @@ class Controller:
                                             layout.capacity_bytes(cfg, self.devices))
         self.runner = TrainerRunner(model_config, cfg.trainer_rl(), cfg.row_len,
                                     cfg.micro_batch_tokens, self.params_host, self.trace,
-                                    stored_d_model=self.job_memory.shape.stored_d_model)
+                                    stored_d_model=self.job_memory.shape.stored_d_model,
+                                    ref_stays_beside=self.job_memory.ref_stays_beside)
         self.meter = GoodputMeter()
         self._engines: dict[int, Any] = {}
         self.version = 0

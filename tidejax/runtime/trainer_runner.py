@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +67,11 @@ def _bucket_rows(rows: int) -> int:
 class TrainerRunner:
     def __init__(self, model_config: ModelConfig, rl_config: RLConfig, row_len: int,
                  micro_batch_tokens: int, ref_params_host, trace: TraceRecorder | None = None,
-                 compiler_options: dict | None = None, stored_d_model: int | None = None):
+                 compiler_options: dict | None = None, stored_d_model: int | None = None,
+                 ref_stays_beside: Callable[[int], bool] = lambda actor_devices: False):
+        """`ref_stays_beside(n)`: whether the reference's compute copy may stay resident on
+        an `n`-device actor mesh beside every actor step (the memory model's answer); when
+        it may not, colocated modes copy it in from the host each time they need it."""
         self.model_config = model_config
         self.rl_config = rl_config
         self.row_len = row_len
@@ -78,6 +82,8 @@ class TrainerRunner:
         self.trace = trace
         self.compiler_options = compiler_options
         self.stored_d_model = stored_d_model  # every trainer's padded model dim (one per job)
+        self.ref_stays_beside = ref_stays_beside
+        self._resident_ref = None  # the reference kept on the actor mesh, when allowed
         self._trainers: dict[tuple, Trainer] = {}
         self._ref_on: dict[tuple, object] = {}
         self.actor: Trainer | None = None
@@ -103,6 +109,7 @@ class TrainerRunner:
         self.actor = self.trainer_for(actor_devices)
         self.ref = self.trainer_for(ref_devices) if ref_devices else None
         self._ref_on = {}
+        self._resident_ref = None  # the actor mesh may have changed: placed again on demand
         if self.ref is not None:
             self._ref_on[tuple(d.id for d in ref_devices)] = self.ref.put_params(
                 self.ref_params_host)
@@ -162,10 +169,14 @@ class TrainerRunner:
             return actor.put(np.zeros(mb.tokens.shape, np.float32))
 
         def swap_in():
+            if self._resident_ref is not None:
+                return self._resident_ref
             t = time.perf_counter()
             params = actor.put_params(self.ref_params_host)
             jax.block_until_ready(params)
             timings["swap_s"] += time.perf_counter() - t
+            if self.ref_stays_beside(actor.mesh.size):
+                self._resident_ref = params
             return params
 
         if mode == "decoupled":

@@ -433,6 +433,16 @@ class JobMemory:
         return (not undivided(self.shape, tensor=self.rollout_tensor)
                 and self.rollout().fits(self.capacity_bytes))
 
+    def ref_stays_beside(self, actor_devices: int) -> bool:
+        """Whether the reference's compute copy can stay on an actor mesh of
+        ``actor_devices`` beside its largest step. Only with a known capacity: where the
+        device reports none (CPU) the reference is copied in when needed, as where it does
+        not fit."""
+        if self.capacity_bytes >= UNBOUNDED_BYTES:
+            return False
+        ref = self.shape.compute_bytes * self.shape.stored_params / actor_devices
+        return self.actor(actor_devices).total + ref <= self.capacity_bytes
+
     def actor_sizes(self, max_devices: int) -> tuple[int, ...]:
         """Actor mesh sizes (devices) whose every step fits and divides the model."""
         return tuple(n for n in range(1, max_devices + 1) if self.actor_fits(n))
