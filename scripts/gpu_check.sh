@@ -102,5 +102,25 @@ for step, peak in peaks.items():
           f"model_gib={with_copies / 2**30:.2f} model_without_pool_copies_gib="
           f"{without / 2**30:.2f}", flush=True)
 PY
+# The 7B actor's steps compiled for this GPU on one device (abstract, depth extrapolated
+# from 2 and 3 layers) beside the memory model: whether the GPU compile holds the float32
+# copy of the saved residual stream that XLA CPU makes in the deferred backward (the CPU
+# figures subtract it as a CPU-only upcast; if a GPU makes it too, 14B needs 7.5 GiB more).
+run actor_memory_7b 150 python3 - <<'PY'
+from tidejax.bench import memory as bench_memory
+from tidejax.models.config import get_preset
+from tidejax.sched import memory
+cfg = bench_memory.gpu_config("qwen2.5-7b")
+model_config = get_preset("qwen2.5-7b")
+shape = memory.ModelShape.of(model_config)
+batch = memory.TrainerBatch(memory.trainer_rows(cfg.micro_batch_tokens, cfg.row_len, 1),
+                            cfg.row_len, True)
+peaks = bench_memory.compile_actor(model_config, cfg.trainer_rl(), 1, batch, (2, 3))
+for step, peak in peaks.items():
+    model = memory.trainer_step(shape, 1, batch, step).total
+    print(f"7B actor1 {step} compiled_gib={peak.compiled / 2**30:.2f} "
+          f"cpu_style_upcast_gib={peak.upcast / 2**30:.2f} model_gib={model / 2**30:.2f}",
+          flush=True)
+PY
 echo "== summary"
 grep -h "^decode tok/s\|^decode step reads\|^request loop\|^engine_overhead_ratio\|rc=\|skipped\|final_\|goodput\|^7B \|deferred_over_fused\|scan_over_unrolled\|pallas_over_gather" "$out"/*.txt
