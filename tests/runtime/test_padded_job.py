@@ -69,3 +69,31 @@ def test_a_padded_actor_mesh_trains_syncs_and_checkpoints(tmp_path, monkeypatch)
     assert [x.shape for x in jax.tree.leaves(real)] == [
         np.shape(x) for x in jax.tree.leaves(tiny_params(model_config))]
     ckpt.close()
+
+
+def test_the_sft_warm_start_trains_padded_and_caches_real_shapes(tmp_path, monkeypatch):
+    from tidejax.runtime.episode import EpisodeTokens
+    from tidejax.runtime.sft import load_params, sft_mesh_size, sft_warm_start
+
+    monkeypatch.setattr(memory, "MAX_STORAGE_PADDING", 0.15)
+    cfg = run_config_from_dict({
+        "model_vocab_size": None, "row_len": 64, "topology": {"devices": 8},
+        "sft": {"steps": 3, "batch_sequences": 6, "devices": 6, "lr": 1e-2}})
+    model_config = tiny_config()
+    devices = jax.devices()[:8]
+    assert sft_mesh_size(cfg, model_config, devices) == 6  # 72 divides 6; 64 would not
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(12):
+        tokens = rng.integers(1, model_config.vocab_size, 30).tolist()
+        episodes.append(EpisodeTokens(tokens=tokens, loss_mask=[0] * 10 + [1] * 20))
+    start = jax.device_get(tiny_params(model_config))
+    cache = str(tmp_path / "sft.npz")
+    params = sft_warm_start(cfg, model_config, start, episodes, devices, cache)
+    for got, before in zip(jax.tree.leaves(params), jax.tree.leaves(start)):
+        assert isinstance(got, np.ndarray) and got.shape == np.shape(before)
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                       jax.tree.leaves(start)))
+    cached = load_params(cache, start)  # the cache holds the real shapes
+    for a, b in zip(jax.tree.leaves(cached), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
