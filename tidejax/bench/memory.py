@@ -3,6 +3,7 @@ on 8 fake devices, beside the memory model's prediction (`tidejax.sched.memory`)
 
     python -m tidejax.bench.memory                 # qwen2.5-7b and qwen2.5-14b, 8 x 80 GB
     python -m tidejax.bench.memory --calibrate     # refit the model's coefficients
+    python -m tidejax.bench.memory --config my.toml # your own run configuration
 
 For each preset it reads its shipped GPU configuration (`experiments/configs/`), asks the
 memory model which partitions the job may choose (ERS and the start-up check use the same
@@ -43,6 +44,7 @@ from tidejax.bench import compiled_memory as cm  # noqa: E402
 from tidejax.config import RunConfig, load_run_config  # noqa: E402
 from tidejax.models.config import ModelConfig, get_preset  # noqa: E402
 from tidejax.rl.config import RLConfig  # noqa: E402
+from tidejax.runtime.job import model_config_of  # noqa: E402
 from tidejax.runtime.layout import job_memory  # noqa: E402
 from tidejax.sched import memory  # noqa: E402
 from tidejax.serving.config import EngineConfig  # noqa: E402
@@ -234,8 +236,13 @@ def gpu_config(preset: str) -> RunConfig:
 
 
 def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
-    cfg = gpu_config(preset)
-    model_config = get_preset(preset)
+    return check_config(preset, gpu_config(preset), get_preset(preset), device_gib, layers,
+                        out)
+
+
+def check_config(preset: str, cfg: RunConfig, model_config: ModelConfig, device_gib: float,
+                 layers, out: list) -> dict:
+    """Compile every role of every partition `cfg` may choose; `preset` names it."""
     capacity = cfg.memory_fraction * device_gib * GIB
     jm = job_memory(cfg, model_config, capacity)
     n = cfg.topology.devices
@@ -308,6 +315,10 @@ def check_preset(preset: str, device_gib: float, layers, out: list) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", default="qwen2.5-7b,qwen2.5-14b")
+    parser.add_argument("--config", default=None,
+                        help="check this run configuration (JSON/TOML, as the job reads it; "
+                             "its device_memory_gib wins over --device-memory-gib) instead "
+                             "of the shipped GPU ones; with --hf-path only config.json is read")
     parser.add_argument("--device-memory-gib", type=float, default=80.0)
     parser.add_argument("--layers", default="",
                         help="compile at these two depths (e.g. 2,3) and extrapolate; "
@@ -323,8 +334,17 @@ def main(argv=None) -> None:
     layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
     start = time.perf_counter()
     rows, results = [], {}
-    for preset in args.presets.split(","):
-        results[preset] = check_preset(preset, args.device_memory_gib, layers, rows)
+    if args.config:
+        cfg = load_run_config(args.config)
+        if cfg.topology.devices > len(jax.devices()):
+            raise SystemExit(f"{args.config}: topology.devices={cfg.topology.devices}, but "
+                             f"this check compiles on {len(jax.devices())} fake devices")
+        results["config"] = check_config(
+            os.path.basename(args.config), cfg, model_config_of(cfg),
+            cfg.device_memory_gib or args.device_memory_gib, layers, rows)
+    else:
+        for preset in args.presets.split(","):
+            results[preset] = check_preset(preset, args.device_memory_gib, layers, rows)
     if args.out:
         with open(args.out, "w") as f:
             for row in rows:
