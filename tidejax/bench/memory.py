@@ -29,7 +29,6 @@ Last line: `fits_7b=<k>/<n> fits_14b=<k>/<n> worst_peak_gib=<x> model_error=<y>`
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -95,9 +94,7 @@ def calibration_config(preset: str, layers: int) -> ModelConfig:
 def calibration_shape(config: ModelConfig, devices: int = 8) -> memory.ModelShape:
     """The memory model's shape of `config`, its trainer storage padded as a job on
     `devices` devices pads it (`runtime.layout.job_memory`)."""
-    shape = memory.ModelShape.of(config)
-    return dataclasses.replace(shape, stored_d_model=memory.storage_dim(
-        shape.d_model, range(1, devices + 1)))
+    return memory.ModelShape.of(config).stored_for(range(1, devices + 1))
 
 
 # ---------------------------------------------------------------------------- compiling
@@ -280,7 +277,7 @@ def check_config(preset: str, cfg: RunConfig, model_config: ModelConfig, device_
                    memory.trainer_step(jm.shape, a, batch, step).total)
         compiled[("actor", a)] = max(p.gpu_like for p in peaks.values())
         if jm.ref_stays_beside(a):  # the job keeps the reference's copy on this mesh too
-            ref_bytes = jm.shape.compute_bytes * jm.shape.stored_params / a
+            ref_bytes = jm.ref_copy_bytes(a)
             compiled[("actor", a)] += ref_bytes
             print(f"  actor   {a} dev keeps the reference resident: +{ref_bytes / GIB:.1f} GiB "
                   f"-> {compiled[('actor', a)] / GIB:.1f} GiB", flush=True)

@@ -170,10 +170,10 @@ def actor_backward_layerwise(model_config: ModelConfig, residuals: LayerResidual
         grads = jax.tree.map(lambda g, d: g.at[index].add(d.astype(g.dtype)), grads, d_params)
         return (pin_activations(dx_BTD, activation_sharding), grads), None
 
-    layers = jax.tree.leaves(residuals.params["layers"])[0].shape[0]
     (dx, layer_grads), _ = jax.lax.scan(
         back, (dx, accum.grads["layers"]),
-        (jnp.arange(layers), residuals.params["layers"], residuals.layer_inputs), reverse=True)
+        (jnp.arange(cfg.num_layers), residuals.params["layers"], residuals.layer_inputs),
+        reverse=True)
     _, embed_pullback = jax.vjp(lambda e: embed_tokens(cfg, {"embedder": e}, batch.tokens),
                                 residuals.params["embedder"])
     (d_embedder_input,) = embed_pullback(dx)

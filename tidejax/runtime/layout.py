@@ -11,7 +11,6 @@ model is asked in devices.
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 
@@ -52,9 +51,7 @@ def job_memory(cfg: RunConfig, model_config: ModelConfig, capacity: float
     every trainer of the job stores (one for all, so states move between them as they
     are), chosen to divide as many trainer mesh sizes as the job has devices."""
     mesh_sizes = range(1, cfg.topology.devices * jax.process_count() + 1)
-    shape = memory.ModelShape.of(model_config)
-    shape = dataclasses.replace(shape, stored_d_model=memory.storage_dim(shape.d_model,
-                                                                         mesh_sizes))
+    shape = memory.ModelShape.of(model_config).stored_for(mesh_sizes)
     return memory.JobMemory(
         shape=shape, micro_batch_tokens=cfg.micro_batch_tokens,
         row_len=cfg.row_len, remat=resolve_remat(model_config, cfg.rl),

@@ -120,6 +120,11 @@ class ModelShape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.table_params + self.d_model
 
+    def stored_for(self, mesh_sizes) -> ModelShape:
+        """This shape with the model dim trainers store for these mesh sizes
+        (:func:`storage_dim`)."""
+        return replace(self, stored_d_model=storage_dim(self.d_model, mesh_sizes))
+
     @property
     def trainer_d_model(self) -> int:
         return self.stored_d_model or self.d_model
@@ -440,8 +445,12 @@ class JobMemory:
         not fit."""
         if self.capacity_bytes >= UNBOUNDED_BYTES:
             return False
-        ref = self.shape.compute_bytes * self.shape.stored_params / actor_devices
-        return self.actor(actor_devices).total + ref <= self.capacity_bytes
+        return (self.actor(actor_devices).total + self.ref_copy_bytes(actor_devices)
+                <= self.capacity_bytes)
+
+    def ref_copy_bytes(self, devices: int) -> float:
+        """Per-device bytes of the reference's compute copy on a trainer mesh."""
+        return self.shape.compute_bytes * self.shape.stored_params / devices
 
     def actor_sizes(self, max_devices: int) -> tuple[int, ...]:
         """Actor mesh sizes (devices) whose every step fits and divides the model."""
