@@ -43,15 +43,27 @@ def test_a_7b_actor_on_one_80gb_device_is_refused_with_its_bytes():
         layout.initial_partition(cfg, _jm(cfg), 8)
 
 
-def test_tide_starts_at_the_smallest_admitted_actor_and_ers_keeps_to_admitted_sizes():
-    cfg = RunConfig(preset="qwen2.5-7b", model_vocab_size=None, device_memory_gib=80.0,
-                    row_len=1536)
-    jm = _jm(cfg)
-    bounds = layout.ers_config(cfg, jm, 8)
+def test_tide_starts_from_the_planned_split_at_an_admitted_actor_size():
+    """Tide starts where the fixed splits run (`topology.rollout_ranks`), its actor rounded
+    down to a mesh size ERS may choose; ERS moves from there."""
+    for rollout_ranks, actor in ((4, 4), (3, 4), (5, 2), (7, 1)):  # tiny admits 1, 2, 4
+        topology = TopologyConfig(devices=8, rollout_ranks=rollout_ranks)
+        cfg = RunConfig(topology=topology)
+        assert layout.ers_config(cfg, _jm(cfg), 8).actor_sizes == (1, 2, 4)
+        assert layout.initial_partition(cfg, _jm(cfg), 8) == layout.ers.Partition(8 - actor,
+                                                                                  actor)
+    fixed = RunConfig(system="async")
+    assert (layout.initial_partition(RunConfig(), _jm(fixed), 8)
+            == layout.initial_partition(fixed, _jm(fixed), 8))
+    big = RunConfig(preset="qwen2.5-7b", model_vocab_size=None, device_memory_gib=80.0,
+                    row_len=1536, topology=TopologyConfig(devices=8, rollout_ranks=7))
+    jm = _jm(big)
+    bounds = layout.ers_config(big, jm, 8)
     assert bounds.actor_sizes and all(not memory.undivided(jm.shape, n)
                                       for n in bounds.actor_sizes)
     assert 1 not in bounds.actor_sizes  # 7B's state alone is 114 GiB on one device
-    first = layout.initial_partition(cfg, jm, 8)
+    # one actor device is not admitted: the smallest admitted mesh, taken from rollout
+    first = layout.initial_partition(big, jm, 8)
     assert first.actor == min(bounds.actor_sizes) and first.rollout == 8 - first.actor
 
 
@@ -97,8 +109,8 @@ def test_the_shipped_7b_gpu_config_fits_the_model():
     partitions = jm.partitions(cfg.topology.devices)
     assert partitions and (cfg.topology.rollout_ranks, 0,
                            cfg.topology.devices - cfg.topology.rollout_ranks) in partitions
-    # tide starts from the smallest admitted actor mesh; SFT fits on an admitted mesh too
-    assert layout.initial_partition(cfg, jm, 8).actor == min(a for _, _, a in partitions)
+    # tide starts from the config's split, as the fixed-split systems run it
+    assert layout.initial_partition(cfg, jm, 8).rollout == cfg.topology.rollout_ranks
 
 
 def test_ranks_of_two_devices_count_partitions_in_ranks():

@@ -125,7 +125,7 @@ def test_ers_only_chooses_admitted_sizes():
             twt_frac=rng.choice([0.0, 0.05, 0.5, 0.9]),
             rollout_idle_frac=rng.choice([0.0, 0.05, 0.5]), last_step_s=10.0,
             last_pressure=rng.choice([-1, 0, 1]), since_move=rng.randint(0, 5),
-            cold_start=i == 0, eval_phase=rng.random() < 0.05,
+            eval_phase=rng.random() < 0.05,
             eval_ranks_out=rng.choice([0, 0, 1]))
         p = ers.plan(signals, p, cfg).partition
         assert p.total == 8 and p.rollout >= 1

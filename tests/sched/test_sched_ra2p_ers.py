@@ -269,7 +269,6 @@ def plans(draw):
         prev_batch=draw(st.integers(CFG.b_min, CFG.b_ideal)),
         twt_frac=draw(st.floats(0, 1)),
         rwt_frac=draw(st.floats(0, 1)),
-        cold_start=draw(st.booleans()),
         eval_phase=draw(st.booleans()),
         rollout_scaled_down=draw(st.booleans()),
         last_pressure=draw(st.sampled_from([-1, 0, 1])),
@@ -314,7 +313,7 @@ def test_plan_moves_at_most_one_rank_and_stays_valid(case):
     assert CFG.b_min <= p.batch_groups <= CFG.b_ideal
     assert p.mode is Mode.COLOCATED or p.partition.ref > 0  # decoupled needs a Ref rank
     assert p == ers.plan(s, part, CFG)  # same input, same decision
-    if s.twt_frac > CFG.theta and not s.cold_start:  # the trainer waited: rollout keeps ranks
+    if s.twt_frac > CFG.theta:  # the trainer waited: rollout keeps ranks
         assert p.partition.rollout >= part.rollout
 
 

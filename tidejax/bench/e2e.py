@@ -22,6 +22,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -54,6 +55,7 @@ def run_one(system: str, steps: int, batch_groups: int, out: str) -> dict:
     cfg = run_config_from_dict(THROUGHPUT_JOB | {
         "system": system, "steps": steps, "batch_groups": batch_groups,
         "min_batch_groups": max(1, batch_groups - 1)})
+    shutil.rmtree(os.path.join(out, system), ignore_errors=True)  # metrics.jsonl appends
     result = run_job(cfg, os.path.join(out, system), show_progress=False,
                      compile_cache=os.path.join("runs", ".jax_cache"),
                      cache_dir=os.path.join(out, "shared"))

@@ -157,7 +157,6 @@ class _Loop:
     plan: ers.Plan  # the last ERS plan (elastic systems), else the initial one
     completed: int  # the last step whose update finished
     eval_pending: int | None = None  # the version whose evaluation is running
-    cold: bool = True  # no plan made yet
     stop_signal: int | None = None  # agreed by every process
 
 
@@ -631,7 +630,6 @@ class Controller:
             loop.eval_pending = None
         if self.spec.elastic:
             loop.plan = self._agreed_plan(loop, report, train_s, batch)  # plan (leader)
-            loop.cold = False
             self._since_move += 1
             if loop.plan.partition != loop.partition:  # reshard (collective)
                 loop.partition = loop.plan.partition
@@ -752,7 +750,7 @@ class Controller:
             ready_groups=rollout["ready_groups"], tprm_s=rollout["tprm_s"],
             hol_s=rollout["hol_s"], t_step_s=step_avg, mb_per_step=n_mb, costs=costs,
             prev_batch=len(batch.groups), twt_frac=min(1.0, batch.twt_s / max(step_avg, 1e-6)),
-            cold_start=loop.cold, eval_phase=False,
+            eval_phase=False,
             rollout_scaled_down=last_record is not None
             and partition.rollout < last_record.partition[0],
             # what the previous plan saw and did, measured: its deficit (hysteresis), how

@@ -108,6 +108,22 @@ def sync_trainer_devices(cfg: RunConfig, devices: int) -> int:
     return left if left > 0 else devices
 
 
+def planned_partition(actor_wanted: int, ranks: int, bounds: ers.ErsConfig) -> ers.Partition:
+    """An elastic run's first partition: the planned split (`topology.rollout_ranks`, what
+    the fixed-split systems run), its actor rounded down to a mesh size ERS may choose (up
+    to the smallest one when none is that small). The simulator's ERS also starts from a
+    plan (the static planner's); its cold-start bootstrap, trainer devices lent to rollout
+    until the first batch is ready, has no runtime counterpart: it would need rollout
+    engines compiled on the trainer's devices for one step's wait, and starting at the
+    largest rollout instead left the trainer on one rank for the rest of a short run."""
+    fitting = [n for n in bounds.actor_sizes if bounds.smallest_actor <= n <= actor_wanted]
+    actor = max(fitting) if fitting else bounds.smallest_actor
+    if ranks - actor < bounds.min_rollout:
+        raise LayoutError(f"topology.min_rollout: {ranks} rank(s) cannot hold an actor of "
+                          f"{actor} and {bounds.min_rollout} rollout rank(s)")
+    return ers.Partition(rollout=ranks - actor, actor=actor)
+
+
 def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers.Partition:
     """The run's first partition (in ranks); a LayoutError naming the config field if it
     cannot run."""
@@ -126,8 +142,9 @@ def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers
             actor = next((n for n in sizes if not memory.undivided(jm.shape, n)), sizes[0])
             check_layout(jm, ranks - actor // k, 0, actor,
                          f"{devices} devices (topology.devices)")
-        partition = ers.initial(ranks, bounds)  # preemptive generation at cold start
-        check_layout(jm, partition.rollout, 0, partition.actor * k, "topology.min_actor")
+        partition = planned_partition(ranks - t.rollout_ranks, ranks, bounds)
+        check_layout(jm, partition.rollout, 0, partition.actor * k,
+                     "topology.rollout_ranks, topology.min_actor")
         return partition
     check_layout(jm, t.rollout_ranks, 0, devices - t.rollout_ranks * k, "topology.rollout_ranks")
     return ers.Partition(rollout=t.rollout_ranks, actor=ranks - t.rollout_ranks)

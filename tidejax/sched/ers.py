@@ -47,7 +47,8 @@ partition (decoupled needs a Ref rank).
 Relation to the paper's rules: *preemptive generation* (cold start, evaluation) moves a
 trainer rank to rollout at once; here the evaluation's rank is lent once per phase and
 returned when the phase is over (``Signals.eval_ranks_out``) and the trainer is not
-waiting. The paper's *consumption
+waiting. At cold start the simulator lends the trainer's ranks beyond the smallest actor
+(:func:`initial`) until the first batch is ready; plans start from the planned split. The paper's *consumption
 deficit* triggers (head-of-line latency, a full batch ready, TPRM below the service time,
 RAS past break-even) and *generation deficit* (TWT) become evidence for which side is the
 bottleneck; the move itself must also be predicted to pay, which keeps a one-step pipeline
@@ -222,7 +223,6 @@ class Signals:
     prev_batch: int  # groups the last step consumed
     twt_frac: float = 0.0  # share of the last step trainer GPUs idled waiting for data
     rwt_frac: float = 0.0  # share of the last step rollout GPUs idled behind the bound
-    cold_start: bool = False
     eval_phase: bool = False  # evaluation tasks are queued or running
     rollout_scaled_down: bool = False  # the last plan moved a rank from rollout to trainer
     last_pressure: int = 0  # Plan.pressure of the previous boundary (-1, 0, +1)
@@ -373,9 +373,6 @@ def _probe_target(p: Partition, cfg: ErsConfig, costs: Ra2pCosts,
 def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     """The next partition (one move), RA2P mode and batch; see module doc."""
     s, p = signals, partition
-    if s.cold_start:
-        nxt = _to_rollout(p, cfg)
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "preemptive generation: cold start")
     trial = s.trial.aged()
     if s.eval_phase and s.eval_ranks_out == 0:
         nxt = _to_rollout(p, cfg)
