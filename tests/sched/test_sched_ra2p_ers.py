@@ -133,11 +133,31 @@ def test_probe_gives_the_trainer_a_rank_and_keeps_it_when_the_step_falls():
                         CFG)
         assert hold.partition == Partition(15, 17, 0) and hold.reason == "trial: measuring"
         assert hold.trial.origin == Partition(16, 16, 0)
-    # 37 s against 40 s before: kept, and (neither side waiting) the next probe follows
+    # 37 s against 40 s before: kept, and (neither side waiting) the next probe follows,
+    # allowed twice the share of the trainer (a doubling search): 4 ranks on 17 (0.19)
     faster = dict(PACED, last_step_s=37.0, t_step_s=38.0)
     nxt = ers.plan(sig(**faster, trial=probe.trial, since_move=3), Partition(15, 17, 0), CFG)
-    assert nxt.partition == Partition(14, 18, 0)
-    assert (nxt.trial.origin, nxt.trial.base_step_s) == (Partition(15, 17, 0), 37.0)
+    assert nxt.partition == Partition(11, 21, 0) and nxt.reason == "probe: 4 ranks to the trainer"
+    assert (nxt.trial.origin, nxt.trial.base_cost) == (Partition(15, 17, 0), 37.0)
+    assert nxt.trial.kept_probes == 1
+    # a revert ends the search: the next probe is back to theta
+    assert ers.Trial(Partition(11, 21, 0), 1, 37.0, kept_probes=1).reverted().kept_probes == 0
+
+
+def test_trials_judge_seconds_per_generated_token_when_tokens_are_reported():
+    """Responses grew 10% while the probe was measured: the step took 42 s against 40 s
+    before, yet each generated token cost less (42/1100 < 40/1000), so the probe stays;
+    without tokens the same step times revert it."""
+    probe = ers.plan(sig(**PACED, last_step_tokens=1000, mean_step_tokens=1000),
+                     Partition(16, 16, 0), CFG)
+    assert probe.reason.startswith("probe") and probe.trial.base_cost == pytest.approx(0.04)
+    grown = dict(PACED, last_step_s=42.0, t_step_s=41.0)
+    kept = ers.plan(sig(**grown, last_step_tokens=1100, mean_step_tokens=1050,
+                        trial=probe.trial, since_move=3), Partition(15, 17, 0), CFG)
+    assert not kept.reason.startswith("trial reverted") and kept.trial.kept_probes == 1
+    raw = ers.plan(sig(**PACED), Partition(16, 16, 0), CFG)
+    back = ers.plan(sig(**grown, trial=raw.trial, since_move=3), Partition(15, 17, 0), CFG)
+    assert back.partition == Partition(16, 16, 0) and back.reason.startswith("trial reverted")
 
 
 def test_trial_that_did_not_pay_is_reverted_and_its_direction_backs_off():
@@ -294,7 +314,7 @@ def trials(draw, part):
             origin, direction = None, 0
     return ers.Trial(origin, direction, draw(st.floats(0, 100)), draw(st.booleans()),
                      draw(st.sampled_from([-1, 0, 1])), draw(st.integers(0, 3)),
-                     draw(st.integers(0, 40)))
+                     draw(st.integers(0, 40)), draw(st.integers(0, 4)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -303,7 +323,8 @@ def test_plan_moves_at_most_one_rank_and_stays_valid(case):
     s, part = case
     p = ers.plan(s, part, CFG)
     if p.reason.startswith("probe"):  # ranks adding at most theta of the trainer's capacity
-        assert 1 - part.trainer / p.partition.trainer <= CFG.theta
+        share = CFG.theta * 2 ** min(s.trial.kept_probes, CFG.probe_doublings)
+        assert 1 - part.trainer / p.partition.trainer <= share
     elif p.reason.startswith("trial reverted"):
         assert p.partition in (s.trial.origin, part)  # part: the revert was refused
     else:

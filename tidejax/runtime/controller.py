@@ -759,6 +759,9 @@ class Controller:
             last_pressure=last.pressure, since_move=min(self._since_move, 1 << 30),
             rollout_idle_frac=rollout["idle_frac"],
             last_step_s=last_record.step_s if last_record else train_s,
+            last_step_tokens=last_record.consumed_tokens if last_record else 0,
+            mean_step_tokens=(float(np.mean([r.consumed_tokens for r in self.records]))
+                              if self.records else 0.0),
             move_cost_s=self._move_s, dropped_groups=rollout["dropped_groups"],
             trial=last.trial)
         return ers.plan(signals, partition, self.ers_config)

@@ -106,6 +106,11 @@ class ErsConfig:
     # with each consecutive revert (a failed trial costs two moves and `cooldown + 1`
     # slower steps, so at most about one such loss per `trial_backoff` steps) [A]
     trial_backoff: int = 8
+    # a kept probe doubles the share of the trainer the next probe may add, at most this
+    # many times (a doubling search: a split far from the best is crossed in a few trials,
+    # a wrong probe costs at most theta * 2 ** probe_doublings of the trainer while it is
+    # measured) [A]
+    probe_doublings: int = 2
     # Mesh sizes the memory model admits (tidejax.sched.memory.JobMemory): an actor or a
     # decoupled reference mesh is only ever one of these sizes; empty: any size. A move
     # to the next admitted size takes as many ranks as it needs.
@@ -127,6 +132,8 @@ class ErsConfig:
             raise ValueError("ErsConfig.cooldown must be >= 1")
         if self.trial_backoff < 1:
             raise ValueError("ErsConfig.trial_backoff must be >= 1")
+        if self.probe_doublings < 0:
+            raise ValueError("ErsConfig.probe_doublings must be >= 0")
         if any(n <= 0 for n in (*self.actor_sizes, *self.ref_sizes)):
             raise ValueError("ErsConfig.actor_sizes and ref_sizes must be positive")
 
@@ -166,21 +173,24 @@ class Trial:
 
     origin: Partition | None = None  # the partition before the move on trial (None: none)
     direction: int = 0  # +1: the move gave the trainer a rank; -1: gave rollout one
-    base_step_s: float = 0.0  # measured step time before the move
+    # what a step cost before the move, measured: seconds per generated token consumed
+    # when the signals report tokens (Signals.last_step_tokens), else seconds per step
+    base_cost: float = 0.0
     # True: the perf model predicted the move's gain (a deficit rule), so it stays unless
     # the step got clearly slower; False (a probe): it stays only if the step clearly fell
     predicted: bool = False
     refuted_direction: int = 0  # direction of the last reverted trial (0: none)
     refuted: int = 0  # consecutive reverts in that direction
     since_revert: int = 0  # boundaries since that revert
+    kept_probes: int = 0  # consecutive probes kept since the last revert or generation move
 
     def __post_init__(self) -> None:
         if self.direction not in (-1, 0, 1) or self.refuted_direction not in (-1, 0, 1):
             raise ValueError("Trial.direction and refuted_direction must be -1, 0 or 1")
         if (self.origin is None) != (self.direction == 0):
             raise ValueError("Trial needs an origin exactly when it has a direction")
-        if min(self.base_step_s, self.refuted, self.since_revert) < 0:
-            raise ValueError("Trial.base_step_s, refuted and since_revert must be >= 0")
+        if min(self.base_cost, self.refuted, self.since_revert, self.kept_probes) < 0:
+            raise ValueError("Trial.base_cost, refuted, since_revert, kept_probes must be >= 0")
 
     def backed_off(self, direction: int, cfg: ErsConfig) -> bool:
         """Whether a move in ``direction`` waits: its last trial was reverted and the
@@ -193,16 +203,19 @@ class Trial:
         """The same trial one boundary later."""
         return replace(self, since_revert=self.since_revert + 1)
 
-    def started(self, origin: Partition, direction: int, base_step_s: float,
+    def started(self, origin: Partition, direction: int, base_cost: float,
                 predicted: bool) -> Trial:
         same = self.refuted_direction == direction
-        return replace(self, origin=origin, direction=direction, base_step_s=base_step_s,
+        return replace(self, origin=origin, direction=direction, base_cost=base_cost,
                        predicted=predicted, refuted_direction=direction if same else 0,
-                       refuted=self.refuted if same else 0)
+                       refuted=self.refuted if same else 0,
+                       kept_probes=self.kept_probes if direction == 1 else 0)
 
     def settled(self) -> Trial:
         """The trial is over; the record of reverts stays."""
-        return replace(self, origin=None, direction=0, base_step_s=0.0, predicted=False)
+        probe = self.direction == 1 and not self.predicted
+        return replace(self, origin=None, direction=0, base_cost=0.0, predicted=False,
+                       kept_probes=self.kept_probes + probe)
 
     def reverted(self) -> Trial:
         refuted = self.refuted + 1 if self.refuted_direction == self.direction else 1
@@ -240,6 +253,10 @@ class Signals:
     decode_curve: DecodeCurve | None = None
     dropped_groups: int = 0  # groups the last step dropped as stale (supply came too late)
     trial: Trial = Trial()  # the previous plan's Plan.trial
+    # generated tokens the trainer consumed per step over last_step_s's and t_step_s's
+    # windows (0: not reported; trials then compare seconds per step)
+    last_step_tokens: float = 0.0
+    mean_step_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.ras_mb, self.ready_groups, self.mb_per_step, self.prev_batch) < 0:
@@ -250,6 +267,8 @@ class Signals:
             raise ValueError("Signals.twt_frac and rwt_frac must be in [0, 1]")
         if not 0 <= self.rollout_idle_frac <= 1:
             raise ValueError("Signals.rollout_idle_frac must be in [0, 1]")
+        if min(self.last_step_tokens, self.mean_step_tokens) < 0:
+            raise ValueError("Signals.last_step_tokens and mean_step_tokens must be >= 0")
         if min(self.last_step_s, self.move_cost_s, self.eval_ranks_out) < 0:
             raise ValueError("Signals.last_step_s, move_cost_s, eval_ranks_out must be >= 0")
         if min(self.decode_batch, self.decode_ctx, self.max_batch, self.dropped_groups) < 0:
@@ -358,14 +377,14 @@ def _mode_at(s: Signals, costs: Ra2pCosts, part: Partition, n_mb: int) -> Mode:
     return _mode_for(part, ra2p.choose_mode(s.ras_mb, s.tprm_s, sized, n_mb))
 
 
-def _probe_target(p: Partition, cfg: ErsConfig, costs: Ra2pCosts,
-                  decoupled: bool) -> Partition:
-    """The partition a probe tries: ranks to the trainer while they add at most ``theta``
+def _probe_target(p: Partition, cfg: ErsConfig, costs: Ra2pCosts, decoupled: bool,
+                  share: float) -> Partition:
+    """The partition a probe tries: ranks to the trainer while they add at most ``share``
     of its capacity (``p`` itself when even one rank adds more)."""
     nxt = p
     while True:
         grown = _to_trainer(nxt, cfg, costs, decoupled)
-        if grown == nxt or 1 - p.trainer / grown.trainer > cfg.theta:
+        if grown == nxt or 1 - p.trainer / grown.trainer > share:
             return nxt
         nxt = grown
 
@@ -388,12 +407,17 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
 
     step = s.last_step_s or s.t_step_s
     worth = s.move_cost_s / cfg.cooldown  # a move must save this much per step
+    # Trials compare the cost of a generated token consumed (the inverse of goodput) when
+    # the caller reports tokens: under drift (responses growing over training) every step
+    # gets slower whatever the partition, which raw step times would count against a move.
+    per_token = s.last_step_tokens > 0 and s.mean_step_tokens > 0
+    cost_now = step / s.last_step_tokens if per_token else step
     if trial.origin is not None:
         if s.eval_phase or s.eval_ranks_out or s.since_move <= cfg.cooldown or step <= 0:
             return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
                         "trial: measuring", trial=trial)
-        saved = trial.base_step_s - step
-        margin = worth * max(1, moved(trial.origin, p))
+        saved = trial.base_cost - cost_now
+        margin = worth * max(1, moved(trial.origin, p)) * (cost_now / step)
         if (saved >= -margin) if trial.predicted else (saved > margin):
             trial = trial.settled()  # the move stands: keep it and plan on from here
         else:
@@ -402,7 +426,9 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                     or undo.rollout < cfg.min_rollout
                     or (undo.rollout < p.rollout and waited)):  # never from a waiting trainer
                 undo = p
-            why = (f"trial reverted: {step:.1f} s a step against {trial.base_step_s:.1f} s "
+            why = (f"trial reverted: {1 / cost_now:,.0f} tok/s against "
+                   f"{1 / trial.base_cost:,.0f} before the move" if per_token else
+                   f"trial reverted: {step:.1f} s a step against {trial.base_cost:.1f} s "
                    "before the move")
             return Plan(undo, _mode_at(s, costs, undo, n_mb), cfg.b_ideal, False, why,
                         trial=trial.reverted())
@@ -412,7 +438,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     now = predicted_step_s(s, p, p) if step > 0 else 0.0
     # the step a trial is judged against: the better of the short and the longer window, so
     # one slow step (an evaluation, a move's delay) does not make a move look like a gain
-    base = min(x for x in (step, s.t_step_s) if x > 0) if step > 0 else 0.0
+    mean_cost = s.t_step_s / s.mean_step_tokens if per_token else s.t_step_s
+    base = min(x for x in (cost_now, mean_cost) if x > 0) if step > 0 else 0.0
 
     # Groups dropped as stale mean supply came late only when rollout had no spare time; a
     # throttled rollout (idle > theta) with a trainer that never waited drops groups that
@@ -458,8 +485,10 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                  and not s.eval_phase and not s.eval_ranks_out and s.since_move > cfg.cooldown
                  and not trial.backed_off(1, cfg))
     if may_probe:
-        nxt = _probe_target(p, cfg, costs, decoupled_pays)
-        # A probe moves about theta of the trainer's time: enough to stand out of the
+        share = cfg.theta * 2 ** min(trial.kept_probes, cfg.probe_doublings)
+        nxt = _probe_target(p, cfg, costs, decoupled_pays, share)
+        # A probe moves about theta of the trainer's time (doubling after each kept probe,
+        # up to probe_doublings times): enough to stand out of the
         # step-to-step noise it is judged against (one GPU of a 40-GPU trainer is 2.4%, less
         # than that noise), and little to lose while it is measured. Where one rank is more
         # than theta (a 5-rank trainer on 8 GPUs) the deficit rules alone decide.

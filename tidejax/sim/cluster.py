@@ -123,6 +123,7 @@ class Cluster(SyncPhases):
         self.end_t = 0.0
         self.steps_done = 0
         self.step_marks = [0.0]
+        self.consumed_marks = [0]  # consumed_resp at each step mark
         self.consumed_tokens = self.consumed_resp = self.dropped_tokens = 0
         self.dropped_groups = 0
         if cfg.drop_stale and not system.sync:
@@ -393,6 +394,7 @@ class Cluster(SyncPhases):
         self._outstanding(0, t)  # the quota shrinks until the weights reach rollout
         self.steps_done += 1
         self.step_marks.append(t)
+        self.consumed_marks.append(self.consumed_resp)
         self._want_tick(t)
         if self.steps_done >= self.cfg.steps:
             self.finished, self.end_t = True, t

@@ -171,7 +171,8 @@ class Elastic:
             1, sum(g.train_tokens for g in tr.step_groups)
         )
         marks = cl.step_marks
-        recent = [b - a for a, b in zip(marks[-6:], marks[-5:])]
+        tail = marks[-6:]  # the last five steps
+        recent = [b - a for a, b in zip(tail, tail[1:])]
         rwt, twt, idle = self._waits(t)
         dropped_mark, self._dropped_mark = self._dropped_mark, cl.dropped_groups
         self._last_rwt, self._last_idle = rwt, idle
@@ -194,6 +195,8 @@ class Elastic:
             since_move=self._since_move,
             rollout_idle_frac=idle,
             last_step_s=self._window_step_s(),
+            last_step_tokens=self._window_tokens(min(self.ers_cfg.cooldown, len(marks) - 1)),
+            mean_step_tokens=self._window_tokens(len(recent)),
             move_cost_s=move,
             eval_ranks_out=self.eval_out,
             dropped_groups=cl.dropped_groups - dropped_mark,
@@ -205,6 +208,11 @@ class Elastic:
         """Mean step time over the span the wait shares are read on."""
         marks = self.cl.step_marks
         n = min(self.ers_cfg.cooldown, len(marks) - 1)
+        return (marks[-1] - marks[-1 - n]) / n if n > 0 else 0.0
+
+    def _window_tokens(self, n: int) -> float:
+        """Mean generated tokens consumed per step over the last ``n`` steps."""
+        marks = self.cl.consumed_marks
         return (marks[-1] - marks[-1 - n]) / n if n > 0 else 0.0
 
     def _decode_signals(self) -> dict:

@@ -62,6 +62,7 @@ class SyncPhases:
         self.rollout_version = self.version
         self.steps_done += 1
         self.step_marks.append(t6)
+        self.consumed_marks.append(self.consumed_resp)
         for r in self.ranks.values():
             r.pool.flush()
             r.t0 = t6
