@@ -26,7 +26,9 @@ neighbour is taken when
   passed since the last one (hysteresis: the buffer reflects a move a step or two later).
 
 Every move is a *trial*: ``cooldown + 1`` boundaries later (the first step after a move
-carries its delay) the measured step time is compared with the one before. A move the
+carries its delay) the measured step time is compared with the one before, per generated
+token consumed when the caller reports tokens (``Signals.last_step_tokens``: responses
+that grow over training slow every step, whatever the partition). A move the
 perf model predicted stays unless the step got slower by more than the move's cost per
 step; a probe (below) stays only if the step fell by more than that. A reverted
 direction then backs off for ``trial_backoff`` boundaries, doubling with each consecutive
@@ -35,8 +37,9 @@ ERS *probe*: when neither side waited (trainer TWT and rollout idle both <= ``th
 signals cannot tell a trainer-bound step from a rollout that the staleness quota paces
 (busy at a small batch, so it would keep up with a rank fewer). A probe gives the trainer a
 rank (as many as add at most ``theta`` of the trainer's capacity, so the effect stands
-out of the step-to-step noise) when the perf model says they cost rollout relatively less
-time than they save the trainer, and lets the measurement decide. The perf model
+out of the step-to-step noise; after each kept probe twice that share, up to
+``probe_doublings`` times, a doubling search) when the perf model says they cost rollout
+relatively less time than they save the trainer, and lets the measurement decide. The perf model
 predicts; the step time measured on the cluster has the last word.
 
 A rank joining the trainer serves Ref when the perf model says a decoupled pipeline on the
