@@ -257,6 +257,23 @@ def test_evaluation_rank_is_lent_once_and_returned():
     assert again.partition.rollout <= 11  # not a second rank for the same phase
     back = ers.plan(sig(eval_ranks_out=1), lend.partition, CFG)
     assert back.partition == Partition(10, 22, 0) and back.reason.startswith("evaluation over")
+    assert (lend.eval_ranks_out, again.eval_ranks_out, back.eval_ranks_out) == (1, 1, 0)
+
+
+def test_evaluation_loan_ends_where_the_rank_is_when_the_trainer_waits():
+    # a probe gave the trainer a rank, then an evaluation borrowed one back
+    probe = ers.Trial(Partition(11, 21, 0), 1, 40.0, predicted=False)
+    lend = ers.plan(sig(eval_phase=True, trial=probe, since_move=5), Partition(10, 22, 0), CFG)
+    assert lend.partition == Partition(11, 21, 0) and lend.eval_ranks_out == 1
+    # the phase is over, the trainer waits and the step got slower: rather than hold the
+    # loan (and the trial) until the trainer stops waiting, the loan ends and the probe
+    # is judged
+    after = sig(eval_ranks_out=1, twt_frac=0.4, rollout_idle_frac=0.0, last_step_s=48.0,
+                trial=lend.trial, since_move=4)
+    judged = ers.plan(after, lend.partition, CFG)
+    assert judged.eval_ranks_out == 0
+    assert judged.reason.startswith("trial reverted")
+    assert judged.partition == Partition(11, 21, 0)  # the probe's origin: rollout keeps it
 
 
 def test_starved_trainer_gets_rollout_and_retention_after_scale_down():

@@ -122,6 +122,7 @@ def plan_to_json(plan: ers.Plan) -> dict:
     return {"partition": _partition_json(plan.partition),
             "mode": plan.mode.value, "batch_groups": plan.batch_groups, "retain": plan.retain,
             "reason": plan.reason, "pressure": plan.pressure,
+            "eval_ranks_out": plan.eval_ranks_out,
             "trial": {f.name: getattr(trial, f.name) for f in dataclasses.fields(trial)}
             | {"origin": _partition_json(trial.origin)}}
 
@@ -130,7 +131,8 @@ def plan_from_json(value: dict) -> ers.Plan:
     trial = dict(value["trial"], origin=_partition_from_json(value["trial"]["origin"]))
     return ers.Plan(_partition_from_json(value["partition"]),
                     ra2p.Mode(value["mode"]), value["batch_groups"], value["retain"],
-                    value["reason"], value["pressure"], ers.Trial(**trial))
+                    value["reason"], value["pressure"], ers.Trial(**trial),
+                    value.get("eval_ranks_out", 0))
 
 
 def combine_rollout_digests(digests: list[dict]) -> dict:

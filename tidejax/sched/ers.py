@@ -49,9 +49,11 @@ partition (decoupled needs a Ref rank).
 
 Relation to the paper's rules: *preemptive generation* (cold start, evaluation) moves a
 trainer rank to rollout at once; here the evaluation's rank is lent once per phase and
-returned when the phase is over (``Signals.eval_ranks_out``) and the trainer is not
-waiting. At cold start the simulator lends the trainer's ranks beyond the smallest actor
-(:func:`initial`) until the first batch is ready; plans start from the planned split. The paper's *consumption
+returned when the phase is over (``Signals.eval_ranks_out``, handed back from
+``Plan.eval_ranks_out``); if the trainer waits for data then, the rank stays with
+rollout. At cold start the simulator lends the trainer's ranks beyond the smallest actor
+(:func:`initial`) until the first batch is ready; plans start from the planned split. The
+paper's *consumption
 deficit* triggers (head-of-line latency, a full batch ready, TPRM below the service time,
 RAS past break-even) and *generation deficit* (TWT) become evidence for which side is the
 bottleneck; the move itself must also be predicted to pay, which keeps a one-step pipeline
@@ -291,6 +293,7 @@ class Plan:
     reason: str
     pressure: int = 0  # this boundary's deficit: +1 consumption, -1 generation, 0 none
     trial: Trial = Trial()  # hand back in the next Signals.trial
+    eval_ranks_out: int = 0  # ranks still lent for an evaluation: next Signals.eval_ranks_out
 
 
 def initial(total: int, cfg: ErsConfig) -> Partition:
@@ -399,14 +402,23 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if s.eval_phase and s.eval_ranks_out == 0:
         nxt = _to_rollout(p, cfg)
         why = "preemptive generation: evaluation phase"
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, trial=trial)
+        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, trial=trial,
+                    eval_ranks_out=moved(p, nxt))
     costs = replace(s.costs, n_actor=p.actor, n_ref=p.ref)
     n_mb = max(1, s.mb_per_step)
     waited = s.twt_frac > cfg.theta  # the trainer waited for data: rollout keeps its ranks
-    nxt = _grow_actor(p, cfg)
-    if not s.eval_phase and s.eval_ranks_out and not waited and nxt != p:
-        return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
-                    "evaluation over: its rank returns", trial=trial)
+    lent = s.eval_ranks_out
+    if not s.eval_phase and lent:
+        nxt = _grow_actor(p, cfg)
+        if not waited and nxt != p:
+            return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
+                        "evaluation over: its rank returns", trial=trial)
+        # The evaluation is over but the trainer waits for data (rollout needs the rank, as
+        # the generation-deficit rule would give it) or cannot grow: the loan ends where the
+        # rank is, and the rules below take over. Waiting for the trainer to stop waiting
+        # froze ERS (a trial measuring for 70 steps on a family member, m05, at 0.99 of the
+        # best fixed split).
+        lent = 0
 
     step = s.last_step_s or s.t_step_s
     worth = s.move_cost_s / cfg.cooldown  # a move must save this much per step
@@ -416,9 +428,9 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     per_token = s.last_step_tokens > 0 and s.mean_step_tokens > 0
     cost_now = step / s.last_step_tokens if per_token else step
     if trial.origin is not None:
-        if s.eval_phase or s.eval_ranks_out or s.since_move <= cfg.cooldown or step <= 0:
+        if s.eval_phase or lent or s.since_move <= cfg.cooldown or step <= 0:
             return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
-                        "trial: measuring", trial=trial)
+                        "trial: measuring", trial=trial, eval_ranks_out=lent)
         saved = trial.base_cost - cost_now
         margin = worth * max(1, moved(trial.origin, p)) * (cost_now / step)
         if (saved >= -margin) if trial.predicted else (saved > margin):
@@ -434,7 +446,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                    f"trial reverted: {step:.1f} s a step against {trial.base_cost:.1f} s "
                    "before the move")
             return Plan(undo, _mode_at(s, costs, undo, n_mb), cfg.b_ideal, False, why,
-                        trial=trial.reverted())
+                        trial=trial.reverted(), eval_ranks_out=lent)
 
     even = ra2p.break_even_ras(balanced(costs, extra=1), costs, s.tprm_s, n_mb)
     decoupled_pays = even is not None and s.ras_mb >= max(1, even)
@@ -460,12 +472,12 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                 nxt = p  # hysteresis: the deficit must persist
             on_trial = trial.started(p, 1, base, predicted=True) if nxt != p else trial
             return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
-                        "consumption deficit", 1, on_trial)
+                        "consumption deficit", 1, on_trial, lent)
 
     if waited and s.rollout_scaled_down:
         batch = max(cfg.b_min, (s.prev_batch + cfg.b_min) // 2)
         return Plan(p, Mode.COLOCATED, batch, True,
-                    "generation deficit: retain after scale-down", -1, trial)
+                    "generation deficit: retain after scale-down", -1, trial, lent)
     rollout_busy = s.rollout_idle_frac <= cfg.theta  # more ranks make a busy rollout faster
     if waited and rollout_busy and step > 0 and not trial.backed_off(-1, cfg):
         nxt = _to_rollout(p, cfg)
@@ -475,7 +487,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
                 nxt = p
             on_trial = trial.started(p, -1, base, predicted=True) if nxt != p else trial
             return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, "generation deficit", -1,
-                        on_trial)
+                        on_trial, lent)
 
     # Probe: neither side waited (rollout busy too; an idle rollout is the consumption
     # rule's case), so the signals cannot tell a trainer-bound step from a rollout paced by
@@ -485,7 +497,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     # (the trial above reverts it). Stale drops do not stop a probe then: they are
     # stragglers that a rank more or less hardly changes.
     may_probe = (not waited and rollout_busy and p.rollout > cfg.min_rollout and step > 0
-                 and not s.eval_phase and not s.eval_ranks_out and s.since_move > cfg.cooldown
+                 and not s.eval_phase and not lent and s.since_move > cfg.cooldown
                  and not trial.backed_off(1, cfg))
     if may_probe:
         share = cfg.theta * 2 ** min(trial.kept_probes, cfg.probe_doublings)
@@ -500,5 +512,6 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
             what = "a rank" if moved(p, nxt) == 1 else f"{moved(p, nxt)} ranks"
             return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
                         f"probe: {what} to the trainer",
-                        trial=trial.started(p, 1, base, predicted=False))
-    return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False, "balanced", trial=trial)
+                        trial=trial.started(p, 1, base, predicted=False), eval_ranks_out=lent)
+    return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False, "balanced", trial=trial,
+                eval_ranks_out=lent)

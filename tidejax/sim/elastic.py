@@ -125,11 +125,8 @@ class Elastic:
             return mode.value, cl.spec.batch_groups, delay
         signals = self._signals(t)
         plan = ers.plan(signals, self.part, self.ers_cfg)
-        if self.trainer_lent_until is None and ers.moved(self.part, plan.partition):
-            if plan.reason.startswith("preemptive generation: evaluation"):
-                self.eval_out += 1
-            elif plan.reason.startswith("evaluation over"):
-                self.eval_out -= 1
+        if self.trainer_lent_until is None:
+            self.eval_out = plan.eval_ranks_out
         self._pressure = plan.pressure
         self._since_move = 0 if ers.moved(self.part, plan.partition) else self._since_move + 1
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
