@@ -198,8 +198,11 @@ def test_faults_are_isolated_counted_and_every_task_ends():
 
 def test_retries_rebuild_state_by_replay():
     tasks = mixed_tasks(seed=2, ws_groups=8, hh_groups=3)
-    injector = FaultInjector(local_env_factory(), FaultConfig.uniform(0.2, hang_s=1.0, seed=3))
-    config = PoolConfig(capacity=32, step_timeout_s=0.3, reset_timeout_s=0.3, max_retries=6)
+    injector = FaultInjector(local_env_factory(), FaultConfig.uniform(0.2, hang_s=4.0, seed=3))
+    # Timeouts well above a real step even on a loaded 2-core machine (an injected exception
+    # may first run the env's step; at 0.3 s two of them were counted as timeouts there),
+    # and hangs well above the timeouts, so every fault is seen as the kind injected.
+    config = PoolConfig(capacity=32, step_timeout_s=1.5, reset_timeout_s=1.5, max_retries=6)
 
     async def main():
         async with EnvPool(config, env_factory=injector) as pool:

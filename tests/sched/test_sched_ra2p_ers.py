@@ -191,6 +191,20 @@ def test_trial_that_did_not_pay_is_reverted_and_its_direction_backs_off():
     assert ers.plan(cheap, Partition(15, 17, 0), CFG).partition != Partition(16, 16, 0)
 
 
+def test_a_move_the_other_way_keeps_a_reverted_probes_back_off():
+    refuted = ers.Trial(refuted_direction=1, refuted=1, since_revert=2)
+    # the trainer waits next: a rank goes to rollout (a predicted trial the other way)
+    starved = ers.plan(sig(twt_frac=0.4, last_pressure=-1, trial=refuted),
+                       Partition(16, 16, 0), CFG)
+    assert starved.partition == Partition(17, 15, 0) and starved.trial.direction == -1
+    assert starved.trial.backed_off(1, CFG)
+    kept = ers.plan(sig(**PACED, trial=starved.trial, since_move=3), Partition(17, 15, 0), CFG)
+    assert kept.trial.origin is None and kept.trial.refuted_direction == 1
+    # so no probe until the back-off has passed
+    assert ers.plan(sig(**PACED, trial=kept.trial, since_move=4),
+                    Partition(17, 15, 0), CFG).partition == Partition(17, 15, 0)
+
+
 def test_a_predicted_move_stays_unless_the_step_clearly_slowed():
     # the consumption rule's move: the perf model predicted the gain, so measurement noise
     # within the move's cost per step (2 s here) does not undo it; a clear slowdown does
