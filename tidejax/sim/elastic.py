@@ -125,12 +125,10 @@ class Elastic:
             return mode.value, cl.spec.batch_groups, delay
         signals = self._signals(t)
         plan = ers.plan(signals, self.part, self.ers_cfg)
-        if self.trainer_lent_until is None:
-            self.eval_out = plan.eval_ranks_out
         self._pressure = plan.pressure
         self._since_move = 0 if ers.moved(self.part, plan.partition) else self._since_move + 1
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
-            self._trial = plan.trial
+            self._trial, self.eval_out = plan.trial, plan.eval_ranks_out
             delay = max(delay, self._apply(plan.partition, t))
         elif plan.mode.value == "decoupled" and not cl.trainer.ref:
             plan = replace(plan, mode=ers.Mode.COLOCATED)
