@@ -274,20 +274,26 @@ def test_evaluation_rank_is_lent_once_and_returned():
     assert (lend.eval_ranks_out, again.eval_ranks_out, back.eval_ranks_out) == (1, 1, 0)
 
 
-def test_evaluation_loan_ends_where_the_rank_is_when_the_trainer_waits():
+def test_evaluation_rank_returns_even_while_the_trainer_waits():
     # a probe gave the trainer a rank, then an evaluation borrowed one back
     probe = ers.Trial(Partition(11, 21, 0), 1, 40.0, predicted=False)
     lend = ers.plan(sig(eval_phase=True, trial=probe, since_move=5), Partition(10, 22, 0), CFG)
     assert lend.partition == Partition(11, 21, 0) and lend.eval_ranks_out == 1
-    # the phase is over, the trainer waits and the step got slower: rather than hold the
-    # loan (and the trial) until the trainer stops waiting, the loan ends and the probe
-    # is judged
+    # the phase is over and the trainer waits (the evaluation's own tail): the rank goes
+    # back all the same, rather than hold the loan (ERS frozen) or leave it with rollout
+    # (one rank more in rollout after every evaluation); the probe's trial stays open
     after = sig(eval_ranks_out=1, twt_frac=0.4, rollout_idle_frac=0.0, last_step_s=48.0,
                 trial=lend.trial, since_move=4)
-    judged = ers.plan(after, lend.partition, CFG)
-    assert judged.eval_ranks_out == 0
-    assert judged.reason.startswith("trial reverted")
-    assert judged.partition == Partition(11, 21, 0)  # the probe's origin: rollout keeps it
+    back = ers.plan(after, lend.partition, CFG)
+    assert back.partition == Partition(10, 22, 0) and back.eval_ranks_out == 0
+    assert back.reason.startswith("evaluation over") and back.trial.origin == probe.origin
+    # from then on the deficit rules decide: a trainer still waiting on a busy rollout after
+    # the move's cooldown gets the rank back for rollout by the generation-deficit rule
+    later = sig(twt_frac=0.4, rollout_idle_frac=0.0, last_pressure=-1, since_move=3)
+    assert ers.plan(later, back.partition, CFG).partition.rollout == 11
+    # an actor that cannot grow ends the loan where the rank is
+    full = ers.plan(sig(eval_ranks_out=1), Partition(CFG.min_rollout, 22, 0), CFG)
+    assert full.eval_ranks_out == 0
 
 
 def test_starved_trainer_gets_rollout_and_retention_after_scale_down():
@@ -365,8 +371,9 @@ def test_plan_moves_at_most_one_rank_and_stays_valid(case):
     assert CFG.b_min <= p.batch_groups <= CFG.b_ideal
     assert p.mode is Mode.COLOCATED or p.partition.ref > 0  # decoupled needs a Ref rank
     assert p == ers.plan(s, part, CFG)  # same input, same decision
-    if s.twt_frac > CFG.theta:  # the trainer waited: rollout keeps ranks
-        assert p.partition.rollout >= part.rollout
+    if s.twt_frac > CFG.theta:  # the trainer waited: rollout keeps ranks but a lent one
+        returned = s.eval_ranks_out if p.reason.startswith("evaluation over") else 0
+        assert p.partition.rollout >= part.rollout - returned
 
 
 def test_validation_names_the_field():
