@@ -20,11 +20,17 @@ from tidejax.models.testing import tiny_tokenizer
 log = logging.getLogger("tidejax.generate")
 
 
+@functools.lru_cache(maxsize=8)
+def _cached_step(config):
+    """One jitted forward per model config, so repeated calls reuse its compilations."""
+    return jax.jit(functools.partial(models.forward_with_cache, config, attend=dense_attend))
+
+
 def greedy_generate(config, params, prompt_ids: list[int], max_new_tokens: int,
                     stop_ids: tuple[int, ...] = ()) -> list[int]:
     """Prefill the prompt into a dense cache, then decode one token per step."""
     max_len = len(prompt_ids) + max_new_tokens
-    step = jax.jit(functools.partial(models.forward_with_cache, config, attend=dense_attend))
+    step = _cached_step(config)
     cache = init_dense_cache(config, 1, max_len)
     tokens = jnp.asarray([prompt_ids], jnp.int32)
     positions = jnp.arange(len(prompt_ids))[None]

@@ -51,11 +51,11 @@ Relation to the paper's rules: *preemptive generation* (cold start, evaluation) 
 trainer rank to rollout at once; here the evaluation's rank is lent once per phase and
 returned when the phase is over (``Signals.eval_ranks_out``, handed back from
 ``Plan.eval_ranks_out``), whether or not the trainer waits then (the evaluation's own tail
-is a likely cause); the deficit rules decide afresh after. At cold start the simulator lends the trainer's ranks beyond the smallest actor
-(:func:`initial`) until the first batch is ready; plans start from the planned split. The
-paper's *consumption
-deficit* triggers (head-of-line latency, a full batch ready, TPRM below the service time,
-RAS past break-even) and *generation deficit* (TWT) become evidence for which side is the
+is a likely cause); the deficit rules decide afresh after. At cold start the simulator lends
+the trainer's ranks beyond the smallest actor (:func:`initial`) until the first batch is
+ready; plans start from the planned split. The paper's *consumption deficit* triggers
+(head-of-line latency, a full batch ready, TPRM below the service time, RAS past
+break-even) and *generation deficit* (TWT) become evidence for which side is the
 bottleneck; the move itself must also be predicted to pay, which keeps a one-step pipeline
 (where a full batch is always ready) from walking rollout down. *Adaptive retention*
 stays: starved right after a scale-down, the trainer fetches less instead of moving back.
