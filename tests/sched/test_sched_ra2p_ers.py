@@ -287,13 +287,43 @@ def test_evaluation_rank_returns_even_while_the_trainer_waits():
     back = ers.plan(after, lend.partition, CFG)
     assert back.partition == Partition(10, 22, 0) and back.eval_ranks_out == 0
     assert back.reason.startswith("evaluation over") and back.trial.origin == probe.origin
-    # from then on the deficit rules decide: a trainer still waiting on a busy rollout after
-    # the move's cooldown gets the rank back for rollout by the generation-deficit rule
-    later = sig(twt_frac=0.4, rollout_idle_frac=0.0, last_pressure=-1, since_move=3)
-    assert ers.plan(later, back.partition, CFG).partition.rollout == 11
+    # the next boundaries' signals still hold the evaluation's step or the refill after it:
+    # no rule acts on them and the probe is not judged yet
+    trial, since = back.trial, 0
+    for _ in range(CFG.cooldown):
+        since += 1
+        hold = ers.plan(sig(twt_frac=0.4, rollout_idle_frac=0.0, last_pressure=-1,
+                            last_step_s=60.0, trial=trial, since_move=since),
+                        back.partition, CFG)
+        assert hold.partition == back.partition and hold.reason == "trial: measuring"
+        assert hold.trial.origin == probe.origin
+        trial = hold.trial
+    # from then on the rules decide: the probe is judged (the step got slower: reverted
+    # to its origin, which gives rollout the rank back)
+    later = sig(twt_frac=0.4, rollout_idle_frac=0.0, last_pressure=-1, last_step_s=60.0,
+                trial=trial, since_move=since + 1)
+    judged = ers.plan(later, back.partition, CFG)
+    assert judged.reason.startswith("trial reverted") and judged.partition.rollout == 11
     # an actor that cannot grow ends the loan where the rank is
     full = ers.plan(sig(eval_ranks_out=1), Partition(CFG.min_rollout, 22, 0), CFG)
     assert full.eval_ranks_out == 0
+
+
+def test_no_rule_reads_signals_from_the_evaluation_or_the_refill_after_it():
+    starved = {"twt_frac": 0.4, "rollout_idle_frac": 0.0, "last_pressure": -1}
+    lend = ers.plan(sig(eval_phase=True, **starved), Partition(16, 16, 0), CFG)
+    back = ers.plan(sig(eval_ranks_out=1, trial=lend.trial, **starved), lend.partition, CFG)
+    assert back.partition == Partition(16, 16, 0)
+    trial = back.trial
+    for since in range(1, CFG.cooldown + 1):  # each window still holds the eval or refill
+        hold = ers.plan(sig(trial=trial, since_move=since, **starved), back.partition, CFG)
+        assert hold.partition == back.partition and not hold.retain
+        assert hold.reason == "evaluation: signals settling"
+        trial = hold.trial
+    # the first window after the refill: the generation-deficit rule moves a rank
+    moved = ers.plan(sig(trial=trial, since_move=CFG.cooldown + 1, **starved),
+                     back.partition, CFG)
+    assert moved.partition == Partition(17, 15, 0) and moved.reason == "generation deficit"
 
 
 def test_starved_trainer_gets_rollout_and_retention_after_scale_down():
@@ -351,7 +381,8 @@ def trials(draw, part):
             origin, direction = None, 0
     return ers.Trial(origin, direction, draw(st.floats(0, 100)), draw(st.booleans()),
                      draw(st.sampled_from([-1, 0, 1])), draw(st.integers(0, 3)),
-                     draw(st.integers(0, 40)), draw(st.integers(0, 4)))
+                     draw(st.integers(0, 40)), draw(st.integers(0, 4)),
+                     draw(st.sampled_from([0, 2, 3, 1 << 30])))
 
 
 @settings(max_examples=200, deadline=None)

@@ -51,7 +51,10 @@ Relation to the paper's rules: *preemptive generation* (cold start, evaluation) 
 trainer rank to rollout at once; here the evaluation's rank is lent once per phase and
 returned when the phase is over (``Signals.eval_ranks_out``, handed back from
 ``Plan.eval_ranks_out``), whether or not the trainer waits then (the evaluation's own tail
-is a likely cause); the deficit rules decide afresh after. At cold start the simulator lends
+is a likely cause). The deficit rules, probes and trials then wait until their window of
+signals (the last ``cooldown`` steps) holds neither the evaluation's step nor the next one,
+in which the pipeline refills after the anchored evaluation (``Trial.since_eval``); a
+trial that straddles an evaluation is judged on the steps after it. At cold start the simulator lends
 the trainer's ranks beyond the smallest actor (:func:`initial`) until the first batch is
 ready; plans start from the planned split. The paper's *consumption deficit* triggers
 (head-of-line latency, a full batch ready, TPRM below the service time, RAS past
@@ -188,14 +191,17 @@ class Trial:
     refuted: int = 0  # consecutive reverts in that direction
     since_revert: int = 0  # boundaries since that revert
     kept_probes: int = 0  # consecutive probes kept since the last revert or generation move
+    since_eval: int = 1 << 30  # boundaries since an evaluation phase was last signalled
 
     def __post_init__(self) -> None:
         if self.direction not in (-1, 0, 1) or self.refuted_direction not in (-1, 0, 1):
             raise ValueError("Trial.direction and refuted_direction must be -1, 0 or 1")
         if (self.origin is None) != (self.direction == 0):
             raise ValueError("Trial needs an origin exactly when it has a direction")
-        if min(self.base_cost, self.refuted, self.since_revert, self.kept_probes) < 0:
-            raise ValueError("Trial.base_cost, refuted, since_revert, kept_probes must be >= 0")
+        if min(self.base_cost, self.refuted, self.since_revert, self.kept_probes,
+               self.since_eval) < 0:
+            raise ValueError(
+                "Trial.base_cost, refuted, since_revert, kept_probes, since_eval must be >= 0")
 
     def backed_off(self, direction: int, cfg: ErsConfig) -> bool:
         """Whether a move in ``direction`` waits: its last trial was reverted and the
@@ -206,7 +212,8 @@ class Trial:
 
     def aged(self) -> Trial:
         """The same trial one boundary later."""
-        return replace(self, since_revert=self.since_revert + 1)
+        return replace(self, since_revert=self.since_revert + 1,
+                       since_eval=min(self.since_eval + 1, 1 << 30))
 
     def started(self, origin: Partition, direction: int, base_cost: float,
                 predicted: bool) -> Trial:
@@ -226,7 +233,8 @@ class Trial:
 
     def reverted(self) -> Trial:
         refuted = self.refuted + 1 if self.refuted_direction == self.direction else 1
-        return Trial(refuted_direction=self.direction, refuted=refuted)
+        return Trial(refuted_direction=self.direction, refuted=refuted,
+                     since_eval=self.since_eval)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +409,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     """The next partition (one move), RA2P mode and batch; see module doc."""
     s, p = signals, partition
     trial = s.trial.aged()
+    if s.eval_phase:
+        trial = replace(trial, since_eval=0)
     if s.eval_phase and s.eval_ranks_out == 0:
         nxt = _to_rollout(p, cfg)
         why = "preemptive generation: evaluation phase"
@@ -430,8 +440,12 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     # gets slower whatever the partition, which raw step times would count against a move.
     per_token = s.last_step_tokens > 0 and s.mean_step_tokens > 0
     cost_now = step / s.last_step_tokens if per_token else step
+    # The step the evaluation ran in and the next one (the pipeline refills after the
+    # anchored evaluation) say nothing about the partition: no rule reads a window of
+    # signals (the last `cooldown` steps) that holds either of them.
+    settling = trial.since_eval <= cfg.cooldown + 1
     if trial.origin is not None:
-        if s.eval_phase or lent or s.since_move <= cfg.cooldown or step <= 0:
+        if s.eval_phase or lent or settling or s.since_move <= cfg.cooldown or step <= 0:
             return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
                         "trial: measuring", trial=trial, eval_ranks_out=lent)
         saved = trial.base_cost - cost_now
@@ -465,6 +479,9 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     # response growth: TWT 0.02, rollout idle 0.10-0.28, ~9 drops a step, and the old
     # reading kept rollout at 22 of 32 GPUs for 30 steps at 0.85 of the best fixed split).
     late = s.dropped_groups > 0 and s.rollout_idle_frac <= cfg.theta
+    if settling:
+        return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
+                    "evaluation: signals settling", trial=trial, eval_ranks_out=lent)
     may_grow_trainer = (not waited and not late and p.rollout > cfg.min_rollout and step > 0
                         and not trial.backed_off(1, cfg))
     if may_grow_trainer:
