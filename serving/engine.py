@@ -14,7 +14,9 @@ ahead) until the host sees `done` -> `free_slot(tokens=...)`, which indexes the 
 then either releases them (evictable: request-level serving) or keeps them pinned for the
 task's next turn (`pin`, the mechanism CTB uses). `accounting()` is what a scheduler reads.
 
-Not thread-safe: one host thread drives an engine.
+Not thread-safe: one host thread drives an engine. Engines on several threads may load the
+same source weights at once (a sync hands every rollout rank the trainer's copy), so weight
+placement takes a process-wide lock (`_PLACEMENT_LOCK`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import threading
 from collections.abc import Hashable, Sequence
 
 import jax
@@ -97,6 +100,12 @@ class EngineMetrics:
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+# JAX 0.10's resharding `device_put` is not safe when several threads read one sharded
+# source array at once (it fails with a safe_zip length mismatch, seen when four rollout ranks
+# loaded the trainer's weights together); held while dispatching, not while copying.
+_PLACEMENT_LOCK = threading.Lock()
+
+
 @dataclasses.dataclass
 class _Slot:
     request_id: Hashable
@@ -168,6 +177,10 @@ class Engine:
         are cast before they travel; device arrays (a trainer's `compute_copy`) move device
         to device and are cast there if they still need it. A stacked leaf is split as it
         lands, so the transient is one leaf, not a second copy of the model."""
+        with _PLACEMENT_LOCK:
+            return self._place_params(params)
+
+    def _place_params(self, params: Params) -> Params:
         dtype = self.config.jnp_dtype
         shardings = self._param_shardings
 

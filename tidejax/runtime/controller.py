@@ -14,7 +14,9 @@ in the same order:
 - wait for the batch (TWT; the leader decides how many groups each host's buffer gives);
 - train: one RA2P update on the trainer submesh (`TrainerRunner.step`);
 - boundary: evaluate (the leader says when the pending evaluation is over); plan (ERS,
-  elastic systems only, made by the leader from every host's rollout signals); reshard
+  elastic systems only, made by the leader from every host's rollout signals; told when
+  this boundary queues an evaluation, it lends the evaluation a trainer rank for the next
+  step and reads no signals from its aftermath, as in the simulator); reshard
   (close/open rollout ranks: tasks of a closed rank are re-homed by CTB and re-prefilled
   with the new weights; place the actor and reference on their new submeshes); sync (the
   trainer casts the new weights to the compute dtype on its own mesh, each rank copies
@@ -404,6 +406,10 @@ class Controller:
         if missing > 0:
             manager.add_groups(self._train_tasks(missing), self.cfg.group_size)
 
+    def _evaluates_after(self, step: int) -> bool:
+        """Whether the boundary after `step` queues an evaluation (it runs in the next step)."""
+        return bool(self.cfg.eval_every) and step % self.cfg.eval_every == 0
+
     def _queue_eval(self, manager: RolloutManager) -> None:
         if self.process:  # the leader's rollout ranks evaluate; the others train on
             return
@@ -573,7 +579,8 @@ class Controller:
             self._queue_eval(manager)
         return _Loop(state=state, partition=partition,
                      plan=ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False,
-                                   "initial"),
+                                   "initial",  # the first step holds the evaluation
+                                   trial=ers.Trial(since_eval=0) if evaluate else ers.Trial()),
                      completed=start_step, eval_pending=self.version if evaluate else None)
 
     async def _stage_batch(self, loop: _Loop, step_start: float) -> _Batch | None:
@@ -646,7 +653,7 @@ class Controller:
         # weights yet be consumed a whole batch later, one version past the bound (AReaL's
         # N_submitted <= (i + eta + 1) * B counts i in rollout versions).
         manager.consumed(batch.local_groups)
-        if cfg.eval_every and step % cfg.eval_every == 0:
+        if self._evaluates_after(step):
             self._queue_eval(manager)
             loop.eval_pending = self.version
         if self.checkpoint and cfg.checkpoint_every and (
@@ -752,7 +759,10 @@ class Controller:
             ready_groups=rollout["ready_groups"], tprm_s=rollout["tprm_s"],
             hol_s=rollout["hol_s"], t_step_s=step_avg, mb_per_step=n_mb, costs=costs,
             prev_batch=len(batch.groups), twt_frac=min(1.0, batch.twt_s / max(step_avg, 1e-6)),
-            eval_phase=False,
+            # the evaluation this boundary queues runs in the next step: ERS lends it a
+            # trainer rank (returned at the next boundary) and reads no signals from it
+            eval_phase=self._evaluates_after(loop.completed),
+            eval_ranks_out=last.eval_ranks_out,
             rollout_scaled_down=last_record is not None
             and partition.rollout < last_record.partition[0],
             # what the previous plan saw and did, measured: its deficit (hysteresis), how
