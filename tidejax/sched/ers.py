@@ -442,10 +442,11 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     cost_now = step / s.last_step_tokens if per_token else step
     # The step the evaluation ran in and the next one (the pipeline refills after the
     # anchored evaluation) say nothing about the partition: no rule reads a window of
-    # signals (the last `cooldown` steps) that holds either of them.
+    # signals (the last `cooldown` steps) that holds either of them. An evaluation phase is
+    # always settling (since_eval is 0), and only during one does a loan get past here.
     settling = trial.since_eval <= cfg.cooldown + 1
     if trial.origin is not None:
-        if s.eval_phase or lent or settling or s.since_move <= cfg.cooldown or step <= 0:
+        if settling or s.since_move <= cfg.cooldown or step <= 0:
             return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
                         "trial: measuring", trial=trial, eval_ranks_out=lent)
         saved = trial.base_cost - cost_now
@@ -517,7 +518,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     # (the trial above reverts it). Stale drops do not stop a probe then: they are
     # stragglers that a rank more or less hardly changes.
     may_probe = (not waited and rollout_busy and p.rollout > cfg.min_rollout and step > 0
-                 and not s.eval_phase and not lent and s.since_move > cfg.cooldown
+                 and s.since_move > cfg.cooldown
                  and not trial.backed_off(1, cfg))
     if may_probe:
         share = cfg.theta * 2 ** min(trial.kept_probes, cfg.probe_doublings)
