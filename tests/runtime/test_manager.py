@@ -216,3 +216,28 @@ def test_aclose_ends_a_task_that_lost_its_first_cancellation():
         assert task.cancelled() and not manager._running
 
     asyncio.run(scenario())
+
+
+def test_ctb_charges_admitted_tasks_before_their_prompt_exists(monkeypatch):
+    """A task admitted but still resetting its env holds no KV yet; CTB must still count
+    it at its admission charge, or every scheduling call sees free room and admits past
+    the budget (once: 48 tasks on two ranks that held about 7 each)."""
+    from tidejax.runtime import scheduling
+
+    seen = []
+    decide = scheduling.ctb.decide
+
+    def watched(snap):
+        for r in snap.ranks:
+            on = [t for t in snap.resident if t.rank == r.rank]
+            seen.append((len(on), min((t.tokens for t in on), default=1), r.budget_tokens))
+        return decide(snap)
+
+    monkeypatch.setattr(scheduling.ctb, "decide", watched)
+    manager, buffer, tasks, _ = asyncio.run(run_groups("ctb", n_groups=8, num_pages=100,
+                                                       probe_default_tokens=256))
+    assert seen and all(smallest > 0 for _, smallest, _ in seen)  # nothing resident weighs 0
+    # 100 pages x 16 x 0.9 = 1,440 tokens: at most five 256-token charges, never all 16 tasks
+    assert max(n for n, _, _ in seen) <= 1440 // 256
+    seen_ids = [tid for g in buffer.take(100, 0) for tid in g.payload.task_ids]
+    assert sorted(seen_ids) == sorted(t.task_id for t in tasks)

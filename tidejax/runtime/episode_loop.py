@@ -110,7 +110,6 @@ class EpisodeLoop:
             # The opening prompt leaves no room for a turn (the rule observations meet at
             # the context cap): this task fails alone instead of reaching an engine.
             return "prompt_too_long"
-        rec.need_tokens = len(rec.episode) + self.config.max_new_tokens
         rec.state = TaskState.READY
         host.schedule()
         while True:
@@ -138,7 +137,7 @@ class EpisodeLoop:
             close_action(self.tokenizer, rec.episode, list(comp.token_ids))
             if rec.group.probe_tokens is None:
                 rec.group.probe_tokens = len(rec.episode)
-            rec.state, rec.need_tokens = TaskState.ENV, 0
+            rec.state = TaskState.ENV
             host.schedule()
             action = action_text(self.tokenizer, list(comp.token_ids))
             rec.actions.append(action)
@@ -161,6 +160,5 @@ class EpisodeLoop:
                 rec.won, rec.end = False, "context_cap"
                 return None
             rec.episode.extend_context(new_ids)
-            rec.need_tokens = len(new_ids) + self.config.max_new_tokens
             rec.state = TaskState.READY
             host.schedule()

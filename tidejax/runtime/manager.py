@@ -264,7 +264,7 @@ class RolloutManager:
                 self._fail_unstarted_siblings(rec.group)
                 break
             self.counters["task_retries"] += 1
-            rec.episode, rec.need_tokens = None, 0
+            rec.episode = None
             await asyncio.sleep(self.config.retry_backoff_s * 2 ** (rec.attempts - 1))
             if rec.rank is None or rec.rank not in self.workers:
                 rec.state = TaskState.PAUSED

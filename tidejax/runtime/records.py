@@ -46,7 +46,9 @@ class TaskRecord:
     home: int | None = None
     state: TaskState = TaskState.PENDING
     episode: EpisodeTokens | None = None
-    need_tokens: int = 0
+    # KV tokens its admission charged against the rank's CTB budget; stands for the task's
+    # footprint until its episode exists (between admission and the env reset's prompt)
+    charge_tokens: int = 0
     reward: float = 0.0  # the episode's return, by the env's return rule
     step_rewards: list[float] = dataclasses.field(default_factory=list)
     won: bool = False

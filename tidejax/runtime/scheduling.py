@@ -76,7 +76,9 @@ class CtbScheduler:
         for adm in decisions.admit:
             group = manager.groups[adm.group_id]
             for _ in range(adm.count):
-                manager.workers[adm.rank].pin(manager.start_next_task(group, adm.rank).uid)
+                rec = manager.start_next_task(group, adm.rank)
+                rec.charge_tokens = adm.tokens_each
+                manager.workers[adm.rank].pin(rec.uid)
         # Resident tasks that were not paused may run their next turn.
         for rec in manager.tasks.values():
             if rec.state == TaskState.READY and rec.rank is not None:
@@ -87,8 +89,25 @@ class CtbScheduler:
         ec = manager.workers[rank].engine.engine_config
         return int(ec.num_pages * ec.page_size * manager.config.budget_fraction)
 
+    @staticmethod
+    def footprint(rec: TaskRecord, max_new_tokens: int) -> tuple[int, int]:
+        """(KV tokens the task holds or has been charged, growth its next turn requests).
+
+        The episode already holds a waiting observation, so a ready task's turn adds only
+        its response; a generating task holds its response's room. Before the episode
+        exists (env reset pending) the task stands at its admission's charge: without it a
+        freshly admitted task weighs nothing and CTB would admit past the budget."""
+        if rec.episode is None:
+            return rec.charge_tokens, 0
+        held = len(rec.episode)
+        if rec.state == TaskState.GENERATING:
+            return held + max_new_tokens, 0
+        return held, max_new_tokens if rec.state == TaskState.READY else 0
+
     def snapshot(self, manager: AdmissionHost) -> ctb.CtbSnapshot:
         live = [t for t in manager.tasks.values() if t.active]
+        max_new = manager.config.max_new_tokens
+        footprints = {t.uid: self.footprint(t, max_new) for t in live}
         ranks = []
         for r in sorted(manager.workers):
             on = [t for t in live if t.rank == r]
@@ -97,15 +116,16 @@ class CtbScheduler:
                 types[t.task.kind] = types.get(t.task.kind, 0) + 1
             ranks.append(ctb.RankState(
                 rank=r, budget_tokens=self.rank_budget(manager, r),
-                used_tokens=sum(t.tokens for t in on), open=r not in manager.closing,
+                used_tokens=sum(footprints[t.uid][0] for t in on), open=r not in manager.closing,
                 type_counts=tuple(sorted(types.items())),
                 groups=frozenset(t.group.uid for t in on)))
         resident, paused = [], []
         for t in live:
+            tokens, need = footprints[t.uid]
             state = ctb.TaskState(
                 task_id=t.uid, group_id=t.group.uid,
                 rank=t.rank if t.rank in manager.workers else None,
-                tokens=t.tokens, need_tokens=t.need_tokens if t.state == TaskState.READY else 0,
+                tokens=tokens, need_tokens=need,
                 active=t.state == TaskState.GENERATING, is_eval=t.group.is_eval,
                 group_completion=t.group.finished / len(t.group.tasks), task_type=t.task.kind,
                 home=t.home if t.home in manager.workers else None)

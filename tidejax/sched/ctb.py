@@ -74,7 +74,7 @@ class TaskState:
     group_id: int
     rank: int | None  # rank holding its KV; None when paused
     tokens: int  # footprint: context tokens held now (paused: tokens it needs to resume)
-    need_tokens: int = 0  # growth its next turn requests now (obs + response), resident only
+    need_tokens: int = 0  # growth its next turn requests beyond `tokens`, resident only
     active: bool = False  # I_active: generating right now
     is_eval: bool = False  # I_eval
     group_completion: float = 0.0  # finished / total trajectories of its group, in [0, 1]
