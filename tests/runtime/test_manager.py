@@ -241,3 +241,28 @@ def test_ctb_charges_admitted_tasks_before_their_prompt_exists(monkeypatch):
     assert max(n for n, _, _ in seen) <= 1440 // 256
     seen_ids = [tid for g in buffer.take(100, 0) for tid in g.payload.task_ids]
     assert sorted(seen_ids) == sorted(t.task_id for t in tasks)
+
+
+def test_ctb_footprint_counts_each_token_once():
+    """The KV a task's next turn needs is its episode plus the response: an observation
+    already appended to the episode is not charged again, nor is the opening prompt."""
+    from tidejax.runtime.episode import EpisodeTokens
+    from tidejax.runtime.records import GroupRecord, TaskRecord, TaskState
+    from tidejax.runtime.scheduling import CtbScheduler
+
+    task = make_tasks("webshop", "train", 1, 1, seed=0)[0]
+    rec = TaskRecord(task=task, uid=0, group=GroupRecord("g", 0, [], False), charge_tokens=300)
+    rec.group.tasks.append(rec)
+    assert CtbScheduler.footprint(rec, 24) == (300, 0)  # admitted, env reset pending
+    rec.episode = EpisodeTokens()
+    rec.episode.extend_context(list(range(200)))  # the opening prompt
+    rec.state = TaskState.READY
+    assert CtbScheduler.footprint(rec, 24) == (200, 24)
+    rec.state = TaskState.GENERATING
+    assert CtbScheduler.footprint(rec, 24) == (224, 0)
+    rec.episode.extend_generated(list(range(20)), [0.0] * 20, 0)
+    rec.state = TaskState.ENV
+    assert CtbScheduler.footprint(rec, 24) == (220, 0)
+    rec.episode.extend_context(list(range(50)))  # the observation
+    rec.state = TaskState.READY
+    assert CtbScheduler.footprint(rec, 24) == (270, 24)
