@@ -20,13 +20,14 @@ from tidejax.rl.testing import FAST_COMPILE, random_batch, random_params
 
 STORED = 66
 STEPS = 6
+LR = 3e-3
 # float32 on both sides; measured max relative loss difference ~1e-7 (jax 0.10.2, CPU).
 LOSS_RTOL = 1e-5
 
 
 def trainer(devices: int, stored: int | None = None, dtype: str = "float32",
             remat: bool | None = None):
-    rl = RLConfig(optim=OptimConfig(lr=3e-3, warmup_steps=0, weight_decay=0.1), remat=remat)
+    rl = RLConfig(optim=OptimConfig(lr=LR, warmup_steps=0, weight_decay=0.1), remat=remat)
     mesh = make_mesh(jax.devices()[:devices], data=1, fsdp=-1, tensor=1)  # as the job's
     return make_trainer(tiny_config(dtype=dtype), rl, mesh,
                         compiler_options=FAST_COMPILE, stored_d_model=stored)
@@ -102,11 +103,18 @@ def test_weights_leave_at_real_shapes(runs):
     (t, state, _), (plain, plain_state, _) = runs["padded"], runs["plain"]
     host = t.host_params(state.params)
     expected = plain.host_params(plain_state.params)
+    # Adam divides by the gradient's scale, so rounding in a near-zero gradient can move
+    # that weight by part of a step (lr 3e-3), and how far depends on the CPU's codegen
+    # (measured: at most 1% of a step on one machine, 1.09% for 1 of 4,096 weights on
+    # another). Nearly every weight agrees to 1% of a step, and none by a whole step; a
+    # leak between padding and real weights would move many.
+    far = total = 0
     for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(expected)):
         assert a.shape == b.shape
-        # Adam divides by the gradient's scale, so rounding in a near-zero gradient can
-        # move a weight by a little of one step (lr 3e-3): 3e-5 is 1% of a step.
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=3e-5)
+        np.testing.assert_allclose(a, b, rtol=0, atol=LR)
+        far += int((~np.isclose(a, b, rtol=1e-4, atol=3e-5)).sum())
+        total += a.size
+    assert far <= 1e-3 * total, f"{far} of {total} weights differ by more than 1% of a step"
     copy = t.rollout_copy(state.params)
     for c, h in zip(jax.tree.leaves(copy), jax.tree.leaves(host)):
         assert isinstance(c, jax.Array) and c.shape == h.shape
