@@ -412,3 +412,22 @@ def test_validation_names_the_field():
         ErsConfig(b_min=0, b_ideal=4)
     with pytest.raises(ValueError, match="n_actor"):
         Ra2pCosts(1, 1, 1, n_actor=0)
+
+
+def test_evaluations_every_five_steps_do_not_freeze_ers():
+    # A caller as the simulator and the runtime are: the plan's trial and pressure go back
+    # in, a loan or its return does not restart since_move. A trainer-bound cluster
+    # (rollout idle half of each step) with an evaluation every 5 boundaries: before, the
+    # deficit was never seen at two boundaries in a row and a trial never got out of
+    # "measuring" (family members m02 and m06 froze for the whole run).
+    part, trial, pressure, since_move, lent = Partition(16, 16, 0), ers.Trial(), 0, 1 << 30, 0
+    for boundary in range(1, 32):  # ends just after an evaluation, its rank back
+        s = sig(rollout_idle_frac=0.5, eval_phase=boundary % 5 == 0, eval_ranks_out=lent,
+                trial=trial, last_pressure=pressure, since_move=since_move)
+        p = ers.plan(s, part, CFG)
+        moved = ers.moved(part, p.partition) and not p.loan_move
+        since_move = 0 if moved else since_move + 1
+        part, trial, pressure, lent = p.partition, p.trial, p.pressure, p.eval_ranks_out
+        if boundary % 5 == 0:
+            assert p.loan_move and p.reason.startswith("preemptive generation")
+    assert part.trainer >= 18 and lent == 0  # the trainer grew; the last loan came back

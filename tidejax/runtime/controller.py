@@ -124,7 +124,7 @@ def plan_to_json(plan: ers.Plan) -> dict:
     return {"partition": _partition_json(plan.partition),
             "mode": plan.mode.value, "batch_groups": plan.batch_groups, "retain": plan.retain,
             "reason": plan.reason, "pressure": plan.pressure,
-            "eval_ranks_out": plan.eval_ranks_out,
+            "eval_ranks_out": plan.eval_ranks_out, "loan_move": plan.loan_move,
             "trial": {f.name: getattr(trial, f.name) for f in dataclasses.fields(trial)}
             | {"origin": _partition_json(trial.origin)}}
 
@@ -134,7 +134,7 @@ def plan_from_json(value: dict) -> ers.Plan:
     return ers.Plan(_partition_from_json(value["partition"]),
                     ra2p.Mode(value["mode"]), value["batch_groups"], value["retain"],
                     value["reason"], value["pressure"], ers.Trial(**trial),
-                    value.get("eval_ranks_out", 0))
+                    value.get("eval_ranks_out", 0), value.get("loan_move", False))
 
 
 def combine_rollout_digests(digests: list[dict]) -> dict:
@@ -645,7 +645,8 @@ class Controller:
                 move_start = time.perf_counter()
                 loop.state = await self._apply_partition(loop.partition, manager, loop.state)
                 self._move_s = time.perf_counter() - move_start
-                self._since_move = 0
+                if not loop.plan.loan_move:
+                    self._since_move = 0
         self._stale_in_step = 0
         sync_s = await self._sync_weights(manager, loop.state)  # sync (collective)
         # The taken groups' quota slots come back only now that rollout runs the new

@@ -301,9 +301,18 @@ class Plan:
     batch_groups: int
     retain: bool  # adaptive retention: fetch below B_ideal, keep a reservoir
     reason: str
-    pressure: int = 0  # this boundary's deficit: +1 consumption, -1 generation, 0 none
+    # this boundary's deficit: +1 consumption, -1 generation, 0 none. Boundaries whose
+    # signals an evaluation spoils carry the last one on, so hysteresis compares the
+    # boundaries before and after the evaluation instead of never seeing two in a row
+    pressure: int = 0
     trial: Trial = Trial()  # hand back in the next Signals.trial
     eval_ranks_out: int = 0  # ranks still lent for an evaluation: next Signals.eval_ranks_out
+    # True: the partition changes only to lend an evaluation its rank or to hand it back.
+    # Callers leave Signals.since_move running then: the settling window already covers
+    # the evaluation's steps, and with evaluations every ``cooldown + 3`` steps or fewer a
+    # loan counted as a move kept every trial "measuring" for the whole run (family
+    # members m02 and m06: evaluations every 5 steps, ERS froze after its first move).
+    loan_move: bool = False
 
 
 def initial(total: int, cfg: ErsConfig) -> Partition:
@@ -414,8 +423,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if s.eval_phase and s.eval_ranks_out == 0:
         nxt = _to_rollout(p, cfg)
         why = "preemptive generation: evaluation phase"
-        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, trial=trial,
-                    eval_ranks_out=moved(p, nxt))
+        return Plan(nxt, Mode.COLOCATED, cfg.b_ideal, False, why, s.last_pressure, trial,
+                    moved(p, nxt), loan_move=True)
     costs = replace(s.costs, n_actor=p.actor, n_ref=p.ref)
     n_mb = max(1, s.mb_per_step)
     waited = s.twt_frac > cfg.theta  # the trainer waited for data: rollout keeps its ranks
@@ -429,7 +438,8 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
         nxt = _grow_actor(p, cfg)
         if nxt != p:
             return Plan(nxt, _mode_at(s, costs, nxt, n_mb), cfg.b_ideal, False,
-                        "evaluation over: its rank returns", trial=trial)
+                        "evaluation over: its rank returns", s.last_pressure, trial,
+                        loan_move=True)
         # The trainer cannot grow: the loan ends where the rank is.
         lent = 0
 
@@ -448,7 +458,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     if trial.origin is not None:
         if settling or s.since_move <= cfg.cooldown or step <= 0:
             return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
-                        "trial: measuring", trial=trial, eval_ranks_out=lent)
+                        "trial: measuring", s.last_pressure if settling else 0, trial, lent)
         saved = trial.base_cost - cost_now
         margin = worth * max(1, moved(trial.origin, p)) * (cost_now / step)
         if (saved >= -margin) if trial.predicted else (saved > margin):
@@ -482,7 +492,7 @@ def plan(signals: Signals, partition: Partition, cfg: ErsConfig) -> Plan:
     late = s.dropped_groups > 0 and s.rollout_idle_frac <= cfg.theta
     if settling:
         return Plan(p, _mode_at(s, costs, p, n_mb), cfg.b_ideal, False,
-                    "evaluation: signals settling", trial=trial, eval_ranks_out=lent)
+                    "evaluation: signals settling", s.last_pressure, trial, lent)
     may_grow_trainer = (not waited and not late and p.rollout > cfg.min_rollout and step > 0
                         and not trial.backed_off(1, cfg))
     if may_grow_trainer:

@@ -126,7 +126,8 @@ class Elastic:
         signals = self._signals(t)
         plan = ers.plan(signals, self.part, self.ers_cfg)
         self._pressure = plan.pressure
-        self._since_move = 0 if ers.moved(self.part, plan.partition) else self._since_move + 1
+        moved = ers.moved(self.part, plan.partition) and not plan.loan_move
+        self._since_move = 0 if moved else self._since_move + 1
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
             self._trial, self.eval_out = plan.trial, plan.eval_ranks_out
             delay = max(delay, self._apply(plan.partition, t))
