@@ -425,8 +425,7 @@ def test_evaluations_every_five_steps_do_not_freeze_ers():
         s = sig(rollout_idle_frac=0.5, eval_phase=boundary % 5 == 0, eval_ranks_out=lent,
                 trial=trial, last_pressure=pressure, since_move=since_move)
         p = ers.plan(s, part, CFG)
-        moved = ers.moved(part, p.partition) and not p.loan_move
-        since_move = 0 if moved else since_move + 1
+        since_move = ers.since_move_after(since_move, part, p)
         part, trial, pressure, lent = p.partition, p.trial, p.pressure, p.eval_ranks_out
         if boundary % 5 == 0:
             assert p.loan_move and p.reason.startswith("preemptive generation")

@@ -639,14 +639,12 @@ class Controller:
             loop.eval_pending = None
         if self.spec.elastic:
             loop.plan = self._agreed_plan(loop, report, train_s, batch)  # plan (leader)
-            self._since_move += 1
+            self._since_move = ers.since_move_after(self._since_move, loop.partition, loop.plan)
             if loop.plan.partition != loop.partition:  # reshard (collective)
                 loop.partition = loop.plan.partition
                 move_start = time.perf_counter()
                 loop.state = await self._apply_partition(loop.partition, manager, loop.state)
                 self._move_s = time.perf_counter() - move_start
-                if not loop.plan.loan_move:
-                    self._since_move = 0
         self._stale_in_step = 0
         sync_s = await self._sync_weights(manager, loop.state)  # sync (collective)
         # The taken groups' quota slots come back only now that rollout runs the new

@@ -101,6 +101,12 @@ def moved(a: Partition, b: Partition) -> int:
     return (abs(a.rollout - b.rollout) + abs(a.actor - b.actor) + abs(a.ref - b.ref)) // 2
 
 
+def since_move_after(since_move: int, current: Partition, plan: "Plan") -> int:
+    """The boundaries-since-a-move count once ``plan`` is applied: an evaluation's loan or
+    return moves ranks but is not an ERS decision, so it does not restart a trial's clock."""
+    return 0 if moved(current, plan.partition) and not plan.loan_move else since_move + 1
+
+
 @dataclass(frozen=True, slots=True)
 class ErsConfig:
     b_min: int  # groups: smallest batch worth an update

@@ -126,8 +126,7 @@ class Elastic:
         signals = self._signals(t)
         plan = ers.plan(signals, self.part, self.ers_cfg)
         self._pressure = plan.pressure
-        moved = ers.moved(self.part, plan.partition) and not plan.loan_move
-        self._since_move = 0 if moved else self._since_move + 1
+        self._since_move = ers.since_move_after(self._since_move, self.part, plan)
         if self.trainer_lent_until is None:  # no moves while trainer GPUs are lent out
             self._trial, self.eval_out = plan.trial, plan.eval_ranks_out
             delay = max(delay, self._apply(plan.partition, t))
