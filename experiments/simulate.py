@@ -7,6 +7,7 @@
     python -m tidejax.experiments.simulate --table ers        # RWT + TWT vs fixed ratios
     python -m tidejax.experiments.simulate --table workload   # tail statistics of a workload
     python -m tidejax.experiments.simulate --table robustness # every system, a workload family
+    python -m tidejax.experiments.simulate --table headroom   # what adapting the split could gain
     python -m tidejax.experiments.simulate --table timing     # seconds to simulate one run
 
 ``--workload FILE`` (TOML or JSON, the :class:`tidejax.sim.workload.WorkloadSpec` layout;
@@ -395,6 +396,45 @@ def table_robustness(args, cfg) -> None:
     )
 
 
+def table_headroom(args, cfg) -> None:
+    """On the non-stationary members of the robustness sample: how far tidejax's mechanisms
+    at a fixed split, and a split adapted phase by phase, could take it past the best fixed
+    baseline."""
+    gpus = tuple(int(x) for x in args.family_gpus.split(","))
+    members = family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
+    members = [m for m in members if not m.stationary]
+    print(
+        f"== headroom: the {len(members)} non-stationary members of the robustness sample "
+        f"(seed {args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each; every "
+        f"fixed split run in full; oracles switch split for free at {args.phases} phase "
+        "boundaries\n   each figure over the best fixed baseline (AReaL-like or StreamRL-like)",
+        flush=True,
+    )
+    widths = [28, 15, 9, 8, 16, 8, 9, 9]
+    print(_fmt_row(["member", "best fixed", "tok/s", "tidejax", "best tidejax-fixed", "x",
+                    "oracle b", "oracle t"], widths))
+    rows = []
+    for m in members:
+        (row,) = tables.headroom([m], cfg, args.phases, args.jobs)
+        rows.append(row)
+        x = row["over_best_fixed"]
+        print(_fmt_row([m.spec.name, row["best_fixed"], f"{row['best_fixed_goodput']:,.0f}",
+                        f"{x['tidejax']:.3f}", row["best_tidejax_fixed"],
+                        f"{x['tidejax_fixed']:.3f}", f"{x['baseline_oracle']:.3f}",
+                        f"{x['tidejax_fixed_oracle']:.3f}"], widths), flush=True)
+        print(f"   oracle t picks {' > '.join(row['tidejax_fixed_oracle_pick'])}", flush=True)
+    print("   oracle b / oracle t: the best baseline / tidejax-fixed split chosen per phase")
+    path = _dump(args.out, "headroom", {"members": members, "config": cfg, "rows": rows})
+    print(f"JSON under {path}")
+    st = {k: tables.ratio_summary(rows, k) for k in ("tidejax_fixed", "tidejax_fixed_oracle")}
+    print(
+        f"tidejax_fixed_worst={st['tidejax_fixed']['worst']:.3f} "
+        f"tidejax_fixed_median={st['tidejax_fixed']['median']:.3f} "
+        f"oracle_worst={st['tidejax_fixed_oracle']['worst']:.3f} "
+        f"oracle_median={st['tidejax_fixed_oracle']['median']:.3f}"
+    )
+
+
 def table_workload(args, cfg) -> None:
     print("== workload tails (synchronous run; calibration rows workload.*)")
     for spec in _specs(args):
@@ -424,6 +464,7 @@ TABLES = {
     "ers": table_ers,
     "workload": table_workload,
     "robustness": table_robustness,
+    "headroom": table_headroom,
 }
 
 
@@ -456,6 +497,9 @@ def main(argv=None) -> None:
         default=",".join(str(n) for n in family.GPU_COUNTS),
         help="robustness: GPU counts members draw from (comma-separated)",
     )
+    p.add_argument(
+        "--phases", type=int, default=4, help="headroom: phases the oracle may switch between"
+    )
     p.add_argument("--out", type=Path, default=Path("runs/simulate"))
     p.add_argument(
         "--dump-workload",
@@ -467,6 +511,8 @@ def main(argv=None) -> None:
     if args.dump_workload:
         print(json.dumps(_jsonable(workload.preset(args.dump_workload)), indent=1))
         return
+    if not 1 <= args.phases <= args.steps:
+        p.error(f"--phases must be between 1 and --steps ({args.steps}), got {args.phases}")
     switch = SwitchConstants(ers_hidden_under_sync=args.switch_cost == "hidden")
     cfg = SimConfig(
         steps=args.steps, n_gpus=args.gpus, staleness_bound=args.staleness, switch=switch

@@ -110,3 +110,71 @@ def test_robustness_rows_compare_every_system_with_the_best_fixed_full_run():
     assert best in ("areal", "streamrl")
     assert ratios[best] == 1.0 and max(ratios["areal"], ratios["streamrl"]) == 1.0
     assert all(r > 0 for r in ratios.values())
+
+
+def _marked_run(system: str, paces: list[tuple[int, float]]):
+    """A RunResult whose steps consume ``paces`` (tokens, seconds) one step each."""
+    from tidejax.sim.metrics import RunResult
+
+    t, tok = [0.0], [0]
+    for n, s in paces:
+        tok.append(tok[-1] + n)
+        t.append(t[-1] + s)
+    return RunResult(
+        system=system, workload="w", steps=len(paces), wall_s=t[-1], consumed_tokens=tok[-1],
+        consumed_response_tokens=tok[-1], dropped_tokens=0, goodput=tok[-1] / t[-1],
+        rwt_gpu_s=0.0, twt_gpu_s=0.0, kv_hit_rate=0.0, mean_staleness=0.0, max_staleness=0,
+        breakdown={}, roles={}, extra={"step_marks": t, "consumed_marks": tok},
+    )
+
+
+def test_phase_paces_split_the_steps_evenly():
+    run = _marked_run("a", [(100, 10.0), (100, 10.0), (100, 20.0), (100, 20.0)])
+    assert tables.phase_paces(run, 2) == [(200, 20.0), (200, 40.0)]
+    assert tables.phase_paces(run, 1) == [(400, 60.0)]
+    with pytest.raises(ValueError, match="phases"):
+        tables.phase_paces(run, 5)
+
+
+def test_phase_oracle_maximises_the_whole_run_not_each_phase():
+    # by hand: phase 1 gives A 100 tok in 10 s (pace 10) or B 300 tok in 40 s (pace 7.5);
+    # phase 2 is 10 tok in 10 s either way. A then: 110 / 20 = 5.5; B then: 310 / 50 = 6.2,
+    # so the oracle takes B's slower phase 1, which a per-phase choice would not
+    a = _marked_run("A", [(100, 10.0), (10, 10.0)])
+    b = _marked_run("B", [(300, 40.0), (10, 10.0)])
+    goodput, pick = tables.phase_oracle([a, b], 2)
+    assert goodput == pytest.approx(6.2)
+    assert pick[0] == "B"
+    # one phase: the best whole run
+    assert tables.phase_oracle([a, b], 1) == (pytest.approx(6.2), ("B",))
+    # a switch each way: A's fast first half, B's fast second half
+    c = _marked_run("C", [(200, 20.0), (200, 40.0)])
+    d = _marked_run("D", [(200, 40.0), (200, 20.0)])
+    assert tables.phase_oracle([c, d], 2) == (pytest.approx(10.0), ("C", "D"))
+
+
+def test_headroom_rows_hold_every_fixed_split_and_oracles_no_worse_than_them():
+    from tidejax.sim.config import SimConfig
+
+    m = family.sample(3, seed=0, steps=2, gpu_counts=(8,))[2]  # the GUI member: small groups
+    spec = dataclasses.replace(m.spec, batch_groups=2, b_min_groups=1, eval_tasks=2)
+    m = dataclasses.replace(m, spec=spec)
+    (row,) = tables.headroom([m], SimConfig(steps=2), phases=2, n=1)
+    x = row["over_best_fixed"]
+    names = {r["system"] for r in row["runs"]}
+    for family_name in ("areal", "streamrl", "tidejax-fixed"):
+        assert {f"{family_name}@{r:g}" for r in (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)} <= names
+    assert "tidejax" in names and row["best_tidejax_fixed"].startswith("tidejax-fixed@")
+    # the oracle may keep one run throughout, so it is never below that run
+    assert x["baseline_oracle"] >= 1.0 - 1e-9
+    assert x["tidejax_fixed_oracle"] >= x["tidejax_fixed"] - 1e-9
+    assert len(row["tidejax_fixed_oracle_pick"]) == 2
+
+
+def test_headroom_cli_rejects_phases_outside_the_run_before_running(capsys):
+    from tidejax.experiments import simulate
+
+    for bad in ("0", "11"):
+        with pytest.raises(SystemExit):
+            simulate.main(["--table", "headroom", "--steps", "10", "--phases", bad])
+        assert "--phases must be between 1 and --steps (10)" in capsys.readouterr().err

@@ -42,6 +42,7 @@ def result_of(cl) -> RunResult:
         "useful_share": round(sum(busy.get(k, 0.0) for k in USEFUL) / total, 4) if total else 0,
         "overhead_share": round(sum(busy.get(k, 0.0) for k in OVERHEAD) / total, 4) if total else 0,
         "step_marks": [round(x, 2) for x in cl.step_marks],
+        "consumed_marks": list(cl.consumed_marks),  # generated tokens consumed by each mark
         "first_step_s": cl.step_marks[1] - cl.step_marks[0] if len(cl.step_marks) > 1 else 0.0,
         "final_partition": _partition(cl),
     }

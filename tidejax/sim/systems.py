@@ -10,6 +10,8 @@
 * ``tidejax``: CTB + RA2P + ERS from the static planner's partition (cold start at maximum
   rollout until ``B_min`` groups are ready).
 * ``tidejax+bidirl``: the same plus bidirectional borrowing.
+* ``tidejax-fixed@x``: CTB + RA2P held at rollout fraction ``x``, no ERS (what tidejax's
+  mechanisms give without adapting the split; ``--table headroom``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def tidejax_bidirl() -> SystemSpec:
     return SystemSpec(
         "tidejax+bidirl", rollout="ctb", trainer="ra2p", ers=True, planner=True, borrowing=True
     )
+
+
+def tidejax_fixed(x: float) -> SystemSpec:
+    return SystemSpec(f"tidejax-fixed@{x:g}", rollout="ctb", trainer="ra2p", rollout_fraction=x)
 
 
 def build(system: SystemSpec, spec: WorkloadSpec, cfg: SimConfig) -> Cluster:

@@ -7,6 +7,7 @@ Runs fan out over processes (``jobs``); each returns a :class:`RunResult`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import multiprocessing as mp
 import os
@@ -144,7 +145,7 @@ def robustness(members, cfg: SimConfig, sweep_steps: int, n: int) -> list[dict]:
                 "over_best_fixed": {
                     r.system.split("@")[0]: r.goodput / fixed.goodput for r in block["results"]
                 },
-                "tide_of_bound": _tide(block).goodput / block["bound"].goodput,
+                "tide_of_bound": _tide(block["results"]).goodput / block["bound"].goodput,
                 "bound_binds": block["bound"].binding,
                 "sweep_gpu_h": block["sweep_cost"]["gpu_h"],
                 "runs": [r.summary() for r in block["results"]],
@@ -153,8 +154,8 @@ def robustness(members, cfg: SimConfig, sweep_steps: int, n: int) -> list[dict]:
     return rows
 
 
-def _tide(block: dict) -> RunResult:
-    return next(r for r in block["results"] if r.system == "tidejax")
+def _tide(results: Sequence[RunResult]) -> RunResult:
+    return next(r for r in results if r.system == "tidejax")
 
 
 def ratio_summary(rows: list[dict], system: str = "tidejax") -> dict:
@@ -332,3 +333,69 @@ def save_timelines(results: Sequence[RunResult], folder: Path) -> list[Path]:
         name = r.system.replace("@", "_at_").replace("+", "plus_")
         out.append(timeline_png(r, folder / f"{name}.png"))
     return out
+
+
+# ------------------------------------------------------------------------ headroom
+def phase_paces(result: RunResult, phases: int) -> list[tuple[int, float]]:
+    """(generated tokens consumed, seconds) in each of ``phases`` equal spans of steps."""
+    steps = result.steps
+    if phases <= 0 or phases > steps:
+        raise ValueError(f"phases must be in [1, {steps}], got {phases}")
+    t, tok = result.extra["step_marks"], result.extra["consumed_marks"]
+    cuts = [round(k * steps / phases) for k in range(phases + 1)]
+    return [(tok[b] - tok[a], t[b] - t[a]) for a, b in zip(cuts, cuts[1:])]
+
+
+def phase_oracle(results: Sequence[RunResult], phases: int) -> tuple[float, tuple[str, ...]]:
+    """The goodput of a run that, in each phase, goes at the pace of whichever of ``results``
+    makes the whole run best, switching for free, and the systems it picks.
+
+    It estimates what adapting the split at phase granularity could gain over holding the
+    best one; it is not a strict bound (a phase's pace carries its run's history, and the
+    switch costs nothing)."""
+    paces = [phase_paces(r, phases) for r in results]
+    best, pick = -1.0, ()
+    for choice in itertools.product(range(len(results)), repeat=phases):
+        tok = sum(paces[i][k][0] for k, i in enumerate(choice))
+        sec = sum(paces[i][k][1] for k, i in enumerate(choice))
+        if sec > 0 and tok / sec > best:
+            best, pick = tok / sec, tuple(results[i].system for i in choice)
+    return best, pick
+
+
+def headroom(members, cfg: SimConfig, phases: int, n: int) -> list[dict]:
+    """On each member: every fixed split of the AReaL-like and StreamRL-like baselines and of
+    tidejax's own mechanisms (``tidejax-fixed``), all run in full, tidejax with ERS, and the
+    phase oracle over each set; every figure over the best fixed baseline."""
+    rows = []
+    for m in members:
+        mcfg = dataclasses.replace(cfg, n_gpus=m.n_gpus)
+        lineup = [f(x) for f in (systems.areal, systems.streamrl) for x in systems.RATIOS]
+        lineup += [systems.tidejax_fixed(x) for x in systems.RATIOS] + [systems.tidejax()]
+        res = run_many([(s, m.spec, mcfg) for s in lineup], n)
+        base = [r for r in res if r.system.startswith(("areal@", "streamrl@"))]
+        mech = [r for r in res if r.system.startswith("tidejax-fixed@")]
+        fixed = best_fixed(base)
+        best_mech = max(mech, key=lambda r: r.goodput)
+        base_oracle, base_pick = phase_oracle(base, phases)
+        mech_oracle, mech_pick = phase_oracle(mech, phases)
+        rows.append(
+            {
+                "member": m.spec.name,
+                "drift": m.drift,
+                "gpus": m.n_gpus,
+                "best_fixed": fixed.system,
+                "best_fixed_goodput": fixed.goodput,
+                "best_tidejax_fixed": best_mech.system,
+                "over_best_fixed": {
+                    "tidejax": _tide(res).goodput / fixed.goodput,
+                    "tidejax_fixed": best_mech.goodput / fixed.goodput,
+                    "baseline_oracle": base_oracle / fixed.goodput,
+                    "tidejax_fixed_oracle": mech_oracle / fixed.goodput,
+                },
+                "baseline_oracle_pick": base_pick,
+                "tidejax_fixed_oracle_pick": mech_pick,
+                "runs": [r.summary() for r in res],
+            }
+        )
+    return rows
