@@ -95,12 +95,18 @@ def test_ratio_summary_reads_worst_median_and_drift_rows():
     assert st["nonstationary_worst"] == 1.3 and st["nonstationary_median"] == pytest.approx(1.4)
 
 
+def _tiny_member() -> family.Member:
+    """The sample's GUI member (small groups) cut to two groups a step, for 2-step runs."""
+    m = family.sample(3, seed=0, steps=2, gpu_counts=(8,))[2]
+    spec = dataclasses.replace(m.spec, batch_groups=2, b_min_groups=1, eval_tasks=2)
+    return dataclasses.replace(m, spec=spec)
+
+
 def test_robustness_rows_compare_every_system_with_the_best_fixed_full_run():
     from tidejax.sim.config import SimConfig
 
-    m = family.sample(3, seed=0, steps=2, gpu_counts=(8,))[2]  # the GUI member: small groups
-    spec = dataclasses.replace(m.spec, batch_groups=2, b_min_groups=1, eval_tasks=2)
-    m = dataclasses.replace(m, spec=spec)
+    m = _tiny_member()
+    spec = m.spec
     (row,) = tables.robustness([m], SimConfig(steps=2), sweep_steps=1, n=1)
     ratios = row["over_best_fixed"]
     assert row["gpus"] == 8 and row["member"] == spec.name
@@ -156,9 +162,7 @@ def test_phase_oracle_maximises_the_whole_run_not_each_phase():
 def test_headroom_rows_hold_every_fixed_split_and_oracles_no_worse_than_them():
     from tidejax.sim.config import SimConfig
 
-    m = family.sample(3, seed=0, steps=2, gpu_counts=(8,))[2]  # the GUI member: small groups
-    spec = dataclasses.replace(m.spec, batch_groups=2, b_min_groups=1, eval_tasks=2)
-    m = dataclasses.replace(m, spec=spec)
+    m = _tiny_member()
     (row,) = tables.headroom([m], SimConfig(steps=2), phases=2, n=1)
     x = row["over_best_fixed"]
     names = {r["system"] for r in row["runs"]}

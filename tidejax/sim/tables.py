@@ -91,10 +91,25 @@ def sweep_cost(swept: dict[str, list[RunResult]], n_gpus: int) -> dict:
     }
 
 
+def fixed_baselines(results: Sequence[RunResult]) -> list[RunResult]:
+    """The fixed-ratio baseline runs (AReaL-like and StreamRL-like) among ``results``."""
+    return [r for r in results if r.system.startswith(("areal@", "streamrl@"))]
+
+
 def best_fixed(results: Sequence[RunResult]) -> RunResult:
-    """The best full run among the fixed-ratio baselines (AReaL-like and StreamRL-like)."""
-    fixed = [r for r in results if r.system.startswith(("areal@", "streamrl@"))]
-    return max(fixed, key=lambda r: r.goodput)
+    """The best full run among the fixed-ratio baselines."""
+    return max(fixed_baselines(results), key=lambda r: r.goodput)
+
+
+def _member_row(m, fixed: RunResult) -> dict:
+    """The fields every per-member row starts with."""
+    return {
+        "member": m.spec.name,
+        "drift": m.drift,
+        "gpus": m.n_gpus,
+        "best_fixed": fixed.system,
+        "best_fixed_goodput": fixed.goodput,
+    }
 
 
 def e2e_rows(block: dict) -> list[dict]:
@@ -135,12 +150,8 @@ def robustness(members, cfg: SimConfig, sweep_steps: int, n: int) -> list[dict]:
         block = e2e(m.spec, dataclasses.replace(cfg, n_gpus=m.n_gpus), sweep_steps, n)
         fixed = best_fixed(block["results"])
         rows.append(
-            {
-                "member": m.spec.name,
-                "drift": m.drift,
-                "gpus": m.n_gpus,
-                "best_fixed": fixed.system,
-                "best_fixed_goodput": fixed.goodput,
+            _member_row(m, fixed)
+            | {
                 # keyed by system family: each member sweeps its own fixed ratios
                 "over_best_fixed": {
                     r.system.split("@")[0]: r.goodput / fixed.goodput for r in block["results"]
@@ -373,19 +384,15 @@ def headroom(members, cfg: SimConfig, phases: int, n: int) -> list[dict]:
         lineup = [f(x) for f in (systems.areal, systems.streamrl) for x in systems.RATIOS]
         lineup += [systems.tidejax_fixed(x) for x in systems.RATIOS] + [systems.tidejax()]
         res = run_many([(s, m.spec, mcfg) for s in lineup], n)
-        base = [r for r in res if r.system.startswith(("areal@", "streamrl@"))]
+        base = fixed_baselines(res)
         mech = [r for r in res if r.system.startswith("tidejax-fixed@")]
         fixed = best_fixed(base)
         best_mech = max(mech, key=lambda r: r.goodput)
         base_oracle, base_pick = phase_oracle(base, phases)
         mech_oracle, mech_pick = phase_oracle(mech, phases)
         rows.append(
-            {
-                "member": m.spec.name,
-                "drift": m.drift,
-                "gpus": m.n_gpus,
-                "best_fixed": fixed.system,
-                "best_fixed_goodput": fixed.goodput,
+            _member_row(m, fixed)
+            | {
                 "best_tidejax_fixed": best_mech.system,
                 "over_best_fixed": {
                     "tidejax": _tide(res).goodput / fixed.goodput,
