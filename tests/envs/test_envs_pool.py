@@ -296,3 +296,37 @@ def test_cancelled_step_drops_the_env_and_the_task_goes_on():
 
     first, second = asyncio.run(main())
     assert first.obs == "step 1" and second.obs == "step 2" and len(made) == 2
+
+
+def test_a_hung_env_does_not_time_out_the_calls_queued_behind_it():
+    """One worker thread: task A's reset hangs past its deadline; task B's reset, queued
+    behind it, still answers, since its clock starts when a thread takes it."""
+    first, second = make_tasks("webshop", "test", 2, 1, seed=0)
+    base = local_env_factory()
+
+    class HangingReset:
+        def __init__(self, env):
+            self.env = env
+
+        def reset(self, *args, **kwargs):
+            time.sleep(1.0)
+            return self.env.reset(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+    def factory(task):
+        env = base(task)
+        return HangingReset(env) if task.task_id == first.task_id else env
+
+    config = PoolConfig(capacity=4, workers=1, reset_timeout_s=0.3, max_retries=0)
+
+    async def main():
+        async with EnvPool(config, env_factory=factory) as pool:
+            a, b = await asyncio.gather(pool.reset(first), pool.reset(second))
+            return a, b, pool.stats
+
+    a, b, stats = asyncio.run(main())
+    assert a.error == "timeout" and a.truncated
+    assert b.error is None and b.obs and not b.truncated
+    assert stats.timeout == 1 and stats.ok_calls == 1

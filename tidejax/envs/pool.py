@@ -20,8 +20,9 @@ an env that is expensive to keep open is never opened more often than that at on
    sleep, which holds no thread) and while the env computes; calls past capacity queue.
 3. A few daemon worker threads (`_Workers`) run env code: a local env's Python, or the
    blocking HTTP request of a remote one. So env compute never blocks the loop, and a
-   hung env only holds a thread. The loop waits on each call with a deadline; past it
-   the call is abandoned: a replacement thread starts so capacity does not leak, the
+   hung env only holds a thread. The loop waits on each call with a deadline, counted
+   from when a thread takes the call (time queued behind busy threads is not the env's);
+   past it the call is abandoned: a replacement thread starts so capacity does not leak, the
    env instance is never used again, and the stuck thread closes it and exits when (if)
    its call returns.
 
@@ -58,6 +59,7 @@ import dataclasses
 import hashlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
 
@@ -153,7 +155,7 @@ class PoolStats:
 
 
 class _Job:
-    __slots__ = ("abandoned", "finished", "fn", "future", "lock", "on_abandoned")
+    __slots__ = ("abandoned", "finished", "fn", "future", "lock", "on_abandoned", "started_at")
 
     def __init__(self, fn: Callable[[], Any], on_abandoned: Callable[[], None] | None):
         self.fn = fn
@@ -162,6 +164,28 @@ class _Job:
         self.finished = False
         self.abandoned = False
         self.on_abandoned = on_abandoned
+        self.started_at: float | None = None  # time.monotonic() when a thread took it
+
+
+async def _answer(job: _Job, budget_s: float) -> Any:
+    """``job``'s result, given at most ``budget_s`` of the env's own time: the clock starts
+    when a worker thread takes the job, so a call queued behind threads that other tasks'
+    hung envs hold is not timed out for their hang (those threads are replaced at their own
+    deadlines, so the queue moves)."""
+    answer = asyncio.wrap_future(job.future)
+    wait = budget_s
+    try:
+        while True:
+            done, _ = await asyncio.wait({answer}, timeout=max(0.0, wait))
+            if done:
+                return answer.result()  # the env's exceptions, its own TimeoutError included
+            started = job.started_at
+            wait = budget_s if started is None else budget_s - (time.monotonic() - started)
+            if started is not None and wait <= 0:
+                raise TimeoutError(f"the env ran {time.monotonic() - started:.3f}s")
+    finally:
+        if not answer.done():  # given up on: a late result is dropped, not left unread
+            answer.cancel()
 
 
 class _Workers:
@@ -211,6 +235,7 @@ class _Workers:
                     self._live -= 1
                 return
             if job.future.set_running_or_notify_cancel():
+                job.started_at = time.monotonic()
                 try:
                     job.future.set_result(job.fn())
                 except BaseException as e:  # noqa: BLE001 (envs may raise anything)
@@ -616,15 +641,15 @@ class EnvPool:
                 self._count("latency_s", latency)
                 job = self._workers.submit(fn, on_abandoned)
                 try:
-                    value = await asyncio.wait_for(
-                        asyncio.wrap_future(job.future), timeout - latency
-                    )
+                    value = await _answer(job, timeout - latency)
                 except TimeoutError as e:  # ours (deadline) or the env's (e.g. a socket)
                     if not job.future.done():
+                        job.future.cancel()  # still queued: it never runs
                         rec.abandoned = self._workers.abandon(job)
                     return self._fault("timeout", f"no answer within {timeout}s {e}", latency)
                 except asyncio.CancelledError:  # the caller gave up on this task
                     if not job.future.done():
+                        job.future.cancel()
                         rec.abandoned = self._workers.abandon(job)
                     raise
                 except MalformedObservation as e:
