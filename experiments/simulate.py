@@ -350,10 +350,15 @@ def table_ers(args, cfg) -> None:
     _dump(args.out, "ers", [r.summary() for r in res])
 
 
+def _family_members(args, cfg) -> list:
+    """The robustness sample the family flags describe."""
+    gpus = tuple(int(x) for x in args.family_gpus.split(","))
+    return family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
+
+
 def table_robustness(args, cfg) -> None:
     """Every system over a fixed sample of the workload family (tidejax.sim.family)."""
-    gpus = tuple(int(x) for x in args.family_gpus.split(","))
-    members = family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
+    members = _family_members(args, cfg)
     print(
         f"== robustness: {len(members)} members of the workload family (seed "
         f"{args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each, staleness "
@@ -400,8 +405,7 @@ def table_headroom(args, cfg) -> None:
     """On the non-stationary members of the robustness sample: how far tidejax's mechanisms
     at a fixed split, and a split adapted phase by phase, could take it past the best fixed
     baseline."""
-    gpus = tuple(int(x) for x in args.family_gpus.split(","))
-    members = family.sample(args.family_size, args.family_seed, cfg.steps, gpus)
+    members = _family_members(args, cfg)
     members = [m for m in members if not m.stationary]
     print(
         f"== headroom: the {len(members)} non-stationary members of the robustness sample "

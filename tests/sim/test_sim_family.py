@@ -182,3 +182,22 @@ def test_headroom_cli_rejects_phases_outside_the_run_before_running(capsys):
         with pytest.raises(SystemExit):
             simulate.main(["--table", "headroom", "--steps", "10", "--phases", bad])
         assert "--phases must be between 1 and --steps (10)" in capsys.readouterr().err
+
+
+def test_phase_oracle_equals_a_search_of_every_choice():
+    import itertools
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        runs = [
+            _marked_run(f"r{j}", [(int(rng.integers(1, 500)), float(rng.uniform(1, 60)))
+                                  for _ in range(6)])
+            for j in range(4)
+        ]
+        paces = [tables.phase_paces(r, 3) for r in runs]
+        picks = ([paces[i][k] for k, i in enumerate(c)]
+                 for c in itertools.product(range(4), repeat=3))
+        exhaustive = max(sum(p[0] for p in pk) / sum(p[1] for p in pk) for pk in picks)
+        assert tables.phase_oracle(runs, 3)[0] == pytest.approx(exhaustive, rel=1e-12)

@@ -216,12 +216,13 @@ class _Workers:
         return job
 
     def abandon(self, job: _Job) -> bool:
-        """The caller stopped waiting; if a thread is stuck in the job, replace it.
+        """The caller stopped waiting: a queued job is cancelled (it never runs); if a thread
+        is stuck in the job, replace it.
 
         Returns whether the job was left running (its on_abandoned will run later).
         """
         with job.lock:
-            if job.finished or job.future.cancelled():
+            if job.finished or job.future.cancel():  # cancel() is True once cancelled
                 return False
             job.abandoned = True
         self._spawn()
@@ -644,12 +645,10 @@ class EnvPool:
                     value = await _answer(job, timeout - latency)
                 except TimeoutError as e:  # ours (deadline) or the env's (e.g. a socket)
                     if not job.future.done():
-                        job.future.cancel()  # still queued: it never runs
                         rec.abandoned = self._workers.abandon(job)
                     return self._fault("timeout", f"no answer within {timeout}s {e}", latency)
                 except asyncio.CancelledError:  # the caller gave up on this task
                     if not job.future.done():
-                        job.future.cancel()
                         rec.abandoned = self._workers.abandon(job)
                     raise
                 except MalformedObservation as e:

@@ -7,7 +7,6 @@ Runs fan out over processes (``jobs``); each returns a :class:`RunResult`.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import multiprocessing as mp
 import os
@@ -363,15 +362,28 @@ def phase_oracle(results: Sequence[RunResult], phases: int) -> tuple[float, tupl
 
     It estimates what adapting the split at phase granularity could gain over holding the
     best one; it is not a strict bound (a phase's pace carries its run's history, and the
-    switch costs nothing)."""
+    switch costs nothing).
+
+    Goodput is a ratio of sums, so phases cannot be chosen one by one on pace; Dinkelbach's
+    iteration is exact instead: at ratio ``g`` each phase takes the run maximising
+    ``tokens - g * seconds``, the choice's ratio becomes the next ``g``, until it stops
+    rising (each step is linear in phases x runs)."""
     paces = [phase_paces(r, phases) for r in results]
-    best, pick = -1.0, ()
-    for choice in itertools.product(range(len(results)), repeat=phases):
-        tok = sum(paces[i][k][0] for k, i in enumerate(choice))
-        sec = sum(paces[i][k][1] for k, i in enumerate(choice))
-        if sec > 0 and tok / sec > best:
-            best, pick = tok / sec, tuple(results[i].system for i in choice)
-    return best, pick
+    ratio, choice = -math.inf, None
+    while True:
+        g = max(ratio, 0.0)
+        nxt = [
+            max(range(len(results)), key=lambda i: paces[i][k][0] - g * paces[i][k][1])
+            for k in range(phases)
+        ]
+        tok = sum(paces[i][k][0] for k, i in enumerate(nxt))
+        sec = sum(paces[i][k][1] for k, i in enumerate(nxt))
+        if sec <= 0 or tok / sec <= ratio:
+            break
+        ratio, choice = tok / sec, nxt
+    if choice is None:
+        raise ValueError("phase_oracle needs runs that took time")
+    return ratio, tuple(results[i].system for i in choice)
 
 
 def headroom(members, cfg: SimConfig, phases: int, n: int) -> list[dict]:
