@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from tidejax.sim import family, tables, workload
-from tidejax.sim.config import SimConfig
+from tidejax.sim.config import CONSUME_ORDERS, SimConfig
 from tidejax.sim.costs import SwitchConstants
 
 
@@ -486,6 +486,12 @@ def main(argv=None) -> None:
     )
     p.add_argument("--staleness", type=int, default=SimConfig().staleness_bound)
     p.add_argument(
+        "--consume-order",
+        choices=CONSUME_ORDERS,
+        default=SimConfig().consume_order,
+        help="the order the trainer takes finished groups in (see SimConfig.consume_order)",
+    )
+    p.add_argument(
         "--switch-cost",
         choices=("hidden", "measured"),
         default="hidden",
@@ -519,7 +525,11 @@ def main(argv=None) -> None:
         p.error(f"--phases must be between 1 and --steps ({args.steps}), got {args.phases}")
     switch = SwitchConstants(ers_hidden_under_sync=args.switch_cost == "hidden")
     cfg = SimConfig(
-        steps=args.steps, n_gpus=args.gpus, staleness_bound=args.staleness, switch=switch
+        steps=args.steps,
+        n_gpus=args.gpus,
+        staleness_bound=args.staleness,
+        consume_order=args.consume_order,
+        switch=switch,
     )
     TABLES[args.table](args, cfg)
 

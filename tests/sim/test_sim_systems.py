@@ -188,3 +188,22 @@ def test_ers_probes_below_a_planner_split_that_over_provisions_rollout():
     assert any(r.startswith("probe") for r in reasons)
     assert result.extra["final_partition"]["rollout"] < 16
     assert result.goodput > held.goodput
+
+
+def test_consume_orders_that_wait_drop_nothing_and_keep_the_bound():
+    """Completion order passes slow groups over until they are dropped; admission and
+    deadline order wait for them, so every admitted group trains within the bound."""
+    cfg = dataclasses.replace(CFG, steps=8)
+    out = {order: systems.run(systems.streamrl(0.5), SPEC,
+                              dataclasses.replace(cfg, consume_order=order))
+           for order in ("completion", "admission", "deadline")}
+    assert out["completion"].dropped_groups > 0
+    for order in ("admission", "deadline"):
+        r = out[order]
+        assert r.steps == cfg.steps and r.dropped_groups == 0, order
+        assert r.max_staleness <= cfg.staleness_bound, order
+
+
+def test_an_unknown_consume_order_fails_at_start():
+    with pytest.raises(ValueError, match="consume_order"):
+        SimConfig(consume_order="fastest")

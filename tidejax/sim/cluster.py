@@ -93,7 +93,7 @@ class Cluster(SyncPhases):
         self.ranks: dict[int, Rank] = {}
         self._dirty: set[Rank] = set()  # ranks whose next event must be (re)scheduled
         self._next_rid = 0
-        self.trainer = Trainer(self.cost, self.ledger, self._step_end)
+        self.trainer = Trainer(self.cost, self.ledger, self._step_end, cfg.consume_order)
         self.trainer.events = self.push
         self.version = self.rollout_version = 0
         self.pending: deque[SimGroup] = deque()
@@ -128,6 +128,7 @@ class Cluster(SyncPhases):
         self.dropped_groups = 0
         if cfg.drop_stale and not system.sync:
             self.trainer.is_stale = self.is_stale
+            self.trainer.is_due = self.is_due
             self.trainer.on_drop = self._drop
         self.stale: list[int] = []
         self.closed_counters = [0, 0]  # prompt tokens, hit tokens of ranks no longer open
@@ -231,6 +232,8 @@ class Cluster(SyncPhases):
             g.version = self.rollout_version
             if not g.is_eval:
                 self._outstanding(+1, t)
+                if not self.sys.sync:
+                    self.trainer.admit(g)
         g.admitted += 1
         if g.admitted == g.size:
             self.pending.remove(g)
@@ -413,6 +416,10 @@ class Cluster(SyncPhases):
     def is_stale(self, g: SimGroup) -> bool:
         """The runtime's rule: more than the bound behind the trainer's version."""
         return self.version - g.version > self.cfg.staleness_bound
+
+    def is_due(self, g: SimGroup) -> bool:
+        """Stale by the next update unless this one takes it."""
+        return self.version - g.version >= self.cfg.staleness_bound
 
     def _drop(self, g: SimGroup, t: float) -> None:
         self.dropped_groups += 1

@@ -34,6 +34,9 @@ class SystemSpec:
             raise ValueError("SystemSpec: an async system needs rollout_fraction or planner")
 
 
+CONSUME_ORDERS = ("completion", "admission", "deadline")
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     steps: int = 100
@@ -44,6 +47,13 @@ class SimConfig:
     # True: a group more than staleness_bound versions behind the trainer when the trainer
     # takes it is dropped and counted, as the runtime's GlobalBuffer does; False keeps it
     drop_stale: bool = True
+    # The order the trainer takes finished groups in. "completion" (the published tables)
+    # takes the oldest version ready, fastest first, never waiting: slow groups are passed
+    # over until stale and dropped. "admission" waits for the oldest admitted group (the
+    # runtime's default, RolloutConfig.consume_order). "deadline" (simulator only so far)
+    # takes fastest first but keeps a place in the batch for every group in flight that
+    # would be stale by the next update, so none is dropped.
+    consume_order: str = "completion"
     tick_s: float = 0.2  # admission scheduling period, virtual seconds [A]
     bin_s: float = 10.0  # timeline resolution
     page_size: int = 256  # KV page, tokens [A] (engine-configurable; coarse keeps the sim fast)
@@ -56,5 +66,8 @@ class SimConfig:
             raise ValueError("SimConfig.steps and n_gpus must be positive")
         if self.staleness_bound < 0:
             raise ValueError("SimConfig.staleness_bound must be >= 0")
+        if self.consume_order not in CONSUME_ORDERS:
+            raise ValueError(f"SimConfig.consume_order must be one of {CONSUME_ORDERS}, "
+                             f"got {self.consume_order!r}")
         if self.tick_s <= 0 or self.bin_s <= 0 or self.page_size <= 0 or self.ers_tau <= 0:
             raise ValueError("SimConfig tick_s, bin_s, page_size, ers_tau must be positive")

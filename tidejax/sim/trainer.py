@@ -1,6 +1,10 @@
 """The simulated trainer: a global buffer of ready groups, micro-batches, four execution modes.
 
-Ready groups wait in a buffer, oldest policy version first. A step takes ``batch`` groups;
+Ready groups wait in a buffer, taken in ``consume_order`` (:class:`SimConfig`): oldest
+version ready first, fastest first within it (``"completion"``); in admission order
+(:meth:`Trainer.admit`), waiting for the oldest still in flight (``"admission"``); or fastest
+first keeping places for groups in flight that would be stale by the next update
+(``"deadline"``). A group past the staleness bound when its turn comes is dropped. A step takes ``batch`` groups;
 their tokens are cut into global micro-batches of ``mb_tokens`` per Actor GPU (the last one
 is whatever remains). Modes:
 
@@ -22,6 +26,7 @@ import heapq
 from collections import deque
 
 from tidejax.sched.ra2p import Ra2pCosts
+from tidejax.sim.config import CONSUME_ORDERS
 from tidejax.sim.costs import CostModel
 from tidejax.sim.metrics import Ledger
 
@@ -29,14 +34,23 @@ MODES = ("batch", "stream", "colocated", "decoupled")
 
 
 class Trainer:
-    def __init__(self, cost: CostModel, ledger: Ledger, on_step_end) -> None:
+    def __init__(self, cost: CostModel, ledger: Ledger, on_step_end,
+                 consume_order: str = "completion") -> None:
+        if consume_order not in CONSUME_ORDERS:
+            raise ValueError(f"consume_order must be one of {CONSUME_ORDERS}, "
+                             f"got {consume_order!r}")
+        self.consume_order = consume_order
+        # admitted groups not yet offered, oldest first: uid -> (place in admission order, group)
+        self._in_flight: dict[int, tuple[int, object]] = {}
+        self._next_seq = 0
         self.cost = cost
         self.ledger = ledger
         self.on_step_end = on_step_end  # callback(t)
         self.actor: list[int] = []
         self.ref: list[int] = []
         self.borrowed: list[tuple[float, tuple[int, ...]]] = []  # (ready time, gpus)
-        self.buffer: list[tuple[int, float, int, object]] = []  # (version, ready_t, uid, group)
+        # (order key, ready_t, uid, group); the key is the admission place or the version
+        self.buffer: list[tuple[int, float, int, object]] = []
         self.mode = "batch"
         self.in_step = False
         self.need = self.taken = 0
@@ -56,26 +70,25 @@ class Trainer:
         # the staleness bound, as the runtime's GlobalBuffer.take applies it: a group found
         # stale when the trainer takes it is dropped (set by the cluster)
         self.is_stale = lambda group: False
+        self.is_due = lambda group: False  # stale unless taken in this step
         self.on_drop = None  # callback(group, t)
 
     # ------------------------------------------------------------------ buffer
+    def admit(self, group) -> None:
+        """A training group was admitted: its place in the admission order."""
+        self._in_flight[group.uid] = (self._next_seq, group)
+        self._next_seq += 1
+
     def offer(self, group, t: float) -> None:
-        heapq.heappush(self.buffer, (group.version, t, group.uid, group))
+        seq, _ = self._in_flight.pop(group.uid)
+        key = seq if self.consume_order == "admission" else group.version
+        heapq.heappush(self.buffer, (key, t, group.uid, group))
         if self.in_step:
             self._pull(t)
             self._kick(t)
 
     def ready_groups(self) -> list:
         return [entry[3] for entry in self.buffer]
-
-    def drop(self, predicate) -> list:
-        """Remove buffered groups for which ``predicate(group)`` holds; return them."""
-        keep, gone = [], []
-        for entry in self.buffer:
-            (gone if predicate(entry[3]) else keep).append(entry)
-        heapq.heapify(keep)
-        self.buffer = keep
-        return [e[3] for e in gone]
 
     @property
     def mb_global(self) -> int:
@@ -100,7 +113,7 @@ class Trainer:
         self._kick(t)
 
     def _pull(self, t: float) -> None:
-        while self.taken < self.need and self.buffer:
+        while self.taken < self.need and self.buffer and self._may_take(self.buffer[0]):
             _, _, _, g = heapq.heappop(self.buffer)
             if self.is_stale(g):
                 self.on_drop(g, t)
@@ -111,6 +124,23 @@ class Trainer:
             self.acc[1] += g.train_sq
             if self.acc[0] >= self.mb_global or self.taken == self.need:
                 self._close(t)
+
+    def _may_take(self, entry) -> bool:
+        """Whether the buffer's first group may be taken now or must wait for one in flight."""
+        if self.consume_order == "completion":
+            return True
+        if self.consume_order == "admission":  # no older admitted group still in flight
+            return not self._in_flight or next(iter(self._in_flight.values()))[0] > entry[0]
+        # deadline: leave a place in this batch for every group in flight that would be stale
+        # by the next step (admission order is version order, so they lead the dict)
+        if self.is_due(entry[3]):
+            return True
+        due = 0
+        for _, g in self._in_flight.values():
+            if not self.is_due(g):
+                break
+            due += 1
+        return self.need - self.taken - 1 >= due
 
     def _close(self, t: float) -> None:
         # a group larger than one micro-batch still forms whole micro-batches
