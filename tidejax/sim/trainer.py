@@ -4,9 +4,10 @@ Ready groups wait in a buffer, taken in ``consume_order`` (:class:`SimConfig`): 
 version ready first, fastest first within it (``"completion"``); in admission order
 (:meth:`Trainer.admit`), waiting for the oldest still in flight (``"admission"``); or fastest
 first keeping places for groups in flight that would be stale by the next update
-(``"deadline"``). A group past the staleness bound when its turn comes is dropped. A step takes ``batch`` groups;
-their tokens are cut into global micro-batches of ``mb_tokens`` per Actor GPU (the last one
-is whatever remains). Modes:
+(``"deadline"``). A group past the staleness bound when its turn comes is dropped.
+
+A step takes ``batch`` groups; their tokens are cut into global micro-batches of
+``mb_tokens`` per Actor GPU (the last one is whatever remains). Modes:
 
 * ``batch`` (AReaL-like): wait for the whole batch, then one aggregated Ref phase (one
   swap) and the Actor passes;
@@ -26,7 +27,6 @@ import heapq
 from collections import deque
 
 from tidejax.sched.ra2p import Ra2pCosts
-from tidejax.sim.config import CONSUME_ORDERS
 from tidejax.sim.costs import CostModel
 from tidejax.sim.metrics import Ledger
 
@@ -36,10 +36,7 @@ MODES = ("batch", "stream", "colocated", "decoupled")
 class Trainer:
     def __init__(self, cost: CostModel, ledger: Ledger, on_step_end,
                  consume_order: str = "completion") -> None:
-        if consume_order not in CONSUME_ORDERS:
-            raise ValueError(f"consume_order must be one of {CONSUME_ORDERS}, "
-                             f"got {consume_order!r}")
-        self.consume_order = consume_order
+        self.consume_order = consume_order  # validated by SimConfig
         # admitted groups not yet offered, oldest first: uid -> (place in admission order, group)
         self._in_flight: dict[int, tuple[int, object]] = {}
         self._next_seq = 0
