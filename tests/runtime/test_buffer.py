@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
+from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup, batch_countable
 
 
 class FakeClock:
@@ -74,7 +74,7 @@ def test_admission_order_waits_for_the_oldest_admitted_group():
     """A slow group admitted first is not passed over by faster ones admitted after it."""
     buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100)
     for gid in ("slow", "fast1", "fast2"):
-        buf.admit(gid)
+        buf.admit(gid, 0)
     buf.put(group("fast1", 0))
     buf.put(group("fast2", 0))
     assert buf.wait_for(1, trainer_version=0, timeout=0) == 0  # the head is still running
@@ -89,7 +89,7 @@ def test_admission_order_waits_for_the_oldest_admitted_group():
 def test_completion_order_takes_the_fastest():
     buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100, consume_order="completion")
     for gid in ("slow", "fast1", "fast2"):
-        buf.admit(gid)
+        buf.admit(gid, 0)
     buf.put(group("fast1", 0))
     buf.put(group("fast2", 0))
     assert [g.group_id for g in buf.take(2, trainer_version=0)] == ["fast1", "fast2"]
@@ -99,7 +99,7 @@ def test_a_dropped_head_unblocks_the_admission_order():
     """A group that fails, or goes stale, leaves the order: the trainer does not wait on it."""
     buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100)
     for gid in ("failed", "ok", "late"):
-        buf.admit(gid)
+        buf.admit(gid, 0)
     buf.put(group("ok", 1))
     got = []
     waiter = threading.Thread(target=lambda: got.append(buf.wait_for(1, 1, timeout=5)))
@@ -111,3 +111,41 @@ def test_a_dropped_head_unblocks_the_admission_order():
     buf.put(group("late", 0))  # two versions behind at trainer version 2: stale, not taken
     assert buf.take(5, trainer_version=2) == []
     assert buf.take_new_stale_drops() == 1
+
+
+def test_deadline_order_takes_the_fastest_but_waits_for_groups_that_would_go_stale():
+    """Bound 1, trainer at version 1: a group admitted at version 0 and still running would
+    be stale at the next update, so the batch keeps it a place; one admitted at 1 would not."""
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100, consume_order="deadline")
+    buf.admit("due_slow", 0)
+    buf.admit("slow", 1)
+    for gid in ("fast1", "fast2", "fast3"):
+        buf.admit(gid, 1)
+        buf.put(group(gid, 1))
+    assert buf.batch_digest(1) == {"ready": 3, "due_ready": 0, "due_in_flight": 1}
+    assert buf.wait_for(3, trainer_version=1, timeout=0) == 2  # a place kept for due_slow
+    buf.put(group("due_slow", 0))
+    assert buf.batch_digest(1) == {"ready": 4, "due_ready": 1, "due_in_flight": 0}
+    assert buf.wait_for(3, trainer_version=1, timeout=0) == 4  # "slow" is not waited for
+    taken = [g.group_id for g in buf.take(3, trainer_version=1)]
+    assert taken == ["due_slow", "fast1", "fast2"]  # oldest version first, then fastest
+    assert buf.dropped == []
+
+
+def test_deadline_order_counts_due_ready_groups_even_past_the_places():
+    """More due groups than one batch: the due ones ready still count (the rest of a batch
+    cannot be held for them), so the trainer is never stuck."""
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100, consume_order="deadline")
+    for gid in ("a", "b", "c", "d"):
+        buf.admit(gid, 0)
+    buf.put(group("a", 0))
+    buf.put(group("b", 0))
+    assert buf.wait_for(2, trainer_version=1, timeout=0) == 2
+    assert [g.group_id for g in buf.take(2, trainer_version=1)] == ["a", "b"]
+
+
+def test_batch_countable_keeps_a_place_per_due_group_in_flight():
+    assert batch_countable(4, ready=6, due_ready=0, due_in_flight=0) == 6
+    assert batch_countable(4, ready=6, due_ready=0, due_in_flight=1) == 3
+    assert batch_countable(4, ready=2, due_ready=2, due_in_flight=5) == 2
+    assert batch_countable(4, ready=3, due_ready=1, due_in_flight=1) == 3

@@ -1,9 +1,12 @@
-"""The asynchronous trainer consumes groups in admission order and frees their quota slots
-only once rollout runs the new version: no group is dropped for being slow, and no trained
-token is more than `staleness_bound` versions old (the job, through the CLI)."""
+"""The asynchronous trainer consumes groups in admission order (or deadline order) and frees
+their quota slots only once rollout runs the new version: no group is dropped for being
+slow, and no trained token is more than `staleness_bound` versions old (the job, through
+the CLI)."""
 
 import json
 import subprocess
+
+import pytest
 
 from tests.runtime.test_crash_resume import ROOT, job_cmd, job_env
 
@@ -15,9 +18,12 @@ ASYNC_WITH_SLOW_GROUPS = {
     "rollout": {"staleness_bound": 1}}
 
 
-def test_async_job_drops_nothing_stale_and_stays_within_the_bound(tmp_path):
+@pytest.mark.parametrize("order", ["admission", "deadline"])
+def test_async_job_drops_nothing_stale_and_stays_within_the_bound(tmp_path, order):
     config = tmp_path / "async.json"
-    config.write_text(json.dumps(ASYNC_WITH_SLOW_GROUPS))
+    job = dict(ASYNC_WITH_SLOW_GROUPS,
+               rollout=dict(ASYNC_WITH_SLOW_GROUPS["rollout"], consume_order=order))
+    config.write_text(json.dumps(job))
     out = tmp_path / "run"
     proc = subprocess.run(job_cmd(config, out, tmp_path / "cache"), cwd=ROOT, env=job_env(),
                           capture_output=True, text=True, timeout=1200, check=False)

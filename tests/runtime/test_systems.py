@@ -48,14 +48,28 @@ def test_a_host_with_no_arrivals_adds_no_rate():
     assert combine_rollout_digests([none_arrived, none_arrived])["tprm_s"] == NO_ARRIVALS_S
 
 
-def _digest(ready: int, stop=None, phase_over: bool = True) -> dict:
-    return {"ready": ready, "stop": stop, "phase_over": phase_over}
+def _digest(ready: int, stop=None, phase_over: bool = True, due_ready: int = 0,
+            due_in_flight: int = 0) -> dict:
+    return {"ready": ready, "due_ready": due_ready, "due_in_flight": due_in_flight,
+            "stop": stop, "phase_over": phase_over}
 
 
 def test_the_batch_is_shared_in_turn_once_enough_is_ready_between_the_hosts():
     assert batch_shares([_digest(3), _digest(1)], 6, take_all=False) == {"wait": True}
     assert batch_shares([_digest(5), _digest(1)], 6, take_all=False) == {"take": [5, 1]}
     assert batch_shares([_digest(5), _digest(5)], 6, take_all=False) == {"take": [3, 3]}
+
+
+def test_deadline_shares_wait_for_due_groups_on_any_host_and_take_each_hosts_due_first():
+    # Host 1 still runs a due group: host 0's 6 fast groups cannot fill the batch of 6.
+    assert batch_shares([_digest(6), _digest(0, due_in_flight=1)], 6,
+                        take_all=False) == {"wait": True}
+    # It finished: host 1 gives it (its one due group) even though host 0 alone has 6.
+    assert batch_shares([_digest(6), _digest(1, due_ready=1)], 6,
+                        take_all=False) == {"take": [5, 1]}
+    # Every host's due ready groups come first, the rest dealt in turn.
+    assert batch_shares([_digest(6, due_ready=3), _digest(6, due_ready=1)], 6,
+                        take_all=False) == {"take": [4, 2]}
 
 
 def test_a_phased_batch_waits_for_every_hosts_phase_then_takes_all_it_has():

@@ -16,11 +16,16 @@ first. The staleness quota keeps a stream within the bound only if it is consume
 admission order (`sched/staleness.py`). Completion order passes slow groups over until they
 are too stale and dropped, so every batch leans toward the fastest groups: short, often
 all-success episodes that carry no GRPO signal (measured by `bench.learning`: about 13% of
-generated tokens dropped and a lower final reward than sync).
+generated tokens dropped and a lower final reward than sync). "deadline" takes the oldest
+version first and, within it, the fastest, but keeps a place in the batch for every
+admitted group still running that would be stale by the next update ("due": admitted at a
+version `staleness_bound` or more behind the trainer), so the batch waits for those and no
+longer for every slower group admitted before a fast one. `batch_countable` is that rule;
+the controller's `batch_shares` applies it across hosts.
 
 Threads: in a run every call comes from the controller's asyncio loop thread. The
 `RolloutManager`'s task coroutines `put` (or `drop`) finished groups; `Controller.run`
-polls `wait_for(..., timeout=0)` between short `asyncio.sleep`s, so the loop keeps serving
+polls `batch_digest` between short `asyncio.sleep`s, so the loop keeps serving
 turns and env steps while a step waits for its batch, then `take`s it, calling
 `take_new_stale_drops` after each poll and the take. The trainer thread
 receives the batch's trajectories, never the buffer. One Condition guards everything, so
@@ -34,6 +39,8 @@ import threading
 import time
 from collections import deque
 from typing import Any
+
+from tidejax.runtime.config import CONSUME_ORDERS
 
 
 @dataclasses.dataclass
@@ -66,7 +73,12 @@ class DropRecord:
     generated_tokens: int
 
 
-CONSUME_ORDERS = ("admission", "completion")
+def batch_countable(target: int, ready: int, due_ready: int, due_in_flight: int) -> int:
+    """How many of `ready` groups count toward a batch of `target` when a place is kept for
+    each of `due_in_flight` due groups still running; the `due_ready` ones always count."""
+    if due_in_flight == 0:
+        return ready
+    return max(due_ready, min(ready, target - due_in_flight))
 
 
 class GlobalBuffer:
@@ -85,8 +97,9 @@ class GlobalBuffer:
         self._cond = threading.Condition()
         self.consume_order = consume_order
         self._ready: deque[ReadyGroup] = deque()
-        # admitted groups not yet taken or dropped, oldest first (dict: ordered set)
-        self._admitted: dict[str, None] = {}
+        # admitted groups not yet taken or dropped, oldest first: the policy version each
+        # was admitted at (its tokens are no older)
+        self._admitted: dict[str, int] = {}
         self.dropped: list[DropRecord] = []
         self._unreported_stale = 0  # stale drops not yet returned by take_new_stale_drops
         self._step_start = clock()
@@ -96,15 +109,17 @@ class GlobalBuffer:
         self.closed = False
 
     # producer side -------------------------------------------------------------
-    def admit(self, group_id: str) -> None:
-        """A training group was admitted: its place in the admission order."""
+    def admit(self, group_id: str, version: int) -> None:
+        """A training group was admitted at policy `version`: its place in the admission
+        order."""
         with self._cond:
-            self._admitted.setdefault(group_id)
+            self._admitted.setdefault(group_id, version)
 
     def put(self, group: ReadyGroup) -> None:
         with self._cond:
             group.ready_time = self._clock()
-            self._admitted.setdefault(group.group_id)  # restored groups were never admitted
+            # restored groups were never admitted
+            self._admitted.setdefault(group.group_id, group.min_version)
             self._ready.append(group)
             self._arrived_tokens_in_step += group.total_tokens
             self._cond.notify_all()
@@ -148,6 +163,8 @@ class GlobalBuffer:
         """Ready groups the trainer may take now, in the order it takes them."""
         if self.consume_order == "completion":
             return list(self._ready)
+        if self.consume_order == "deadline":  # oldest version first, fastest within it
+            return sorted(self._ready, key=lambda g: g.min_version)
         ready = {g.group_id: g for g in self._ready}
         prefix = []
         for group_id in self._admitted:  # the ready run at the head of the admission order
@@ -156,14 +173,33 @@ class GlobalBuffer:
             prefix.append(ready[group_id])
         return prefix
 
+    def _is_due(self, version: int, trainer_version: int) -> bool:
+        """Tokens of `version` would be stale at the next update's take."""
+        return trainer_version - version >= self.staleness_bound
+
+    def batch_digest(self, trainer_version: int) -> dict[str, int]:
+        """Drop the stale groups, then count the groups that may be taken ("ready") and, in
+        deadline order, the due ones ready and still running (`batch_countable`'s inputs)."""
+        with self._cond:
+            self._drop_stale(trainer_version)
+            due_ready = due_in_flight = 0
+            if self.consume_order == "deadline":
+                ready_ids = {g.group_id for g in self._ready}
+                due_ready = sum(self._is_due(g.min_version, trainer_version)
+                                for g in self._ready)
+                due_in_flight = sum(self._is_due(v, trainer_version)
+                                    for group_id, v in self._admitted.items()
+                                    if group_id not in ready_ids)
+            return {"ready": len(self._takeable()), "due_ready": due_ready,
+                    "due_in_flight": due_in_flight}
+
     def wait_for(self, n_groups: int, trainer_version: int, timeout: float | None = None) -> int:
-        """Block until `n_groups` fresh groups can be taken (or closed / timed out); returns
-        how many can."""
+        """Block until `n_groups` fresh groups count toward the batch (`batch_countable`),
+        or closed / timed out; returns how many do."""
         deadline = None if timeout is None else self._clock() + timeout
         with self._cond:
             while True:
-                self._drop_stale(trainer_version)
-                takeable = len(self._takeable())
+                takeable = batch_countable(n_groups, **self.batch_digest(trainer_version))
                 if takeable >= n_groups or self.closed:
                     return takeable
                 remaining = None if deadline is None else deadline - self._clock()
@@ -172,7 +208,8 @@ class GlobalBuffer:
                 self._cond.wait(timeout=remaining if remaining is not None else 0.5)
 
     def take(self, max_groups: int, trainer_version: int) -> list[ReadyGroup]:
-        """Up to `max_groups` groups within the staleness bound, in the consumption order."""
+        """Up to `max_groups` groups within the staleness bound, in the consumption order
+        (how many: `wait_for`, or the controller's `batch_shares`)."""
         with self._cond:
             self._drop_stale(trainer_version)
             taken = self._takeable()[:max_groups]

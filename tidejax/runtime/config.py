@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+# The orders the trainer may take finished groups in (runtime/buffer.py says what each does).
+CONSUME_ORDERS = ("admission", "completion", "deadline")
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
@@ -29,7 +32,8 @@ class RolloutConfig:
     batch_groups: int = 4  # groups per trainer step (for the staleness quota)
     # The order the trainer takes finished groups in: "admission" keeps every group within
     # the staleness bound and the batches unbiased; "completion" (fastest first) is the
-    # ablation (see runtime/buffer.py).
+    # ablation; "deadline" is fastest first keeping places for groups that would go stale
+    # (see runtime/buffer.py).
     consume_order: str = "admission"
     budget_fraction: float = 0.9  # share of a rank's KV pool CTB may plan with
     max_task_attempts: int = 2  # env failures: restart a task this many times in total
@@ -48,8 +52,8 @@ class RolloutConfig:
         return self.temperature if self.eval_temperature is None else self.eval_temperature
 
     def __post_init__(self):
-        if self.consume_order not in ("admission", "completion"):
-            raise ValueError(f"RolloutConfig.consume_order must be 'admission' or 'completion', "
+        if self.consume_order not in CONSUME_ORDERS:
+            raise ValueError(f"RolloutConfig.consume_order must be one of {CONSUME_ORDERS}, "
                              f"got {self.consume_order!r}")
         if self.scheduler not in ("ctb", "request"):
             raise ValueError(f"RolloutConfig.scheduler must be 'ctb' or 'request', "

@@ -62,7 +62,7 @@ from tidejax.models.config import ModelConfig
 from tidejax.models.tokenizer import Tokenizer
 from tidejax.rl.state import TrainState
 from tidejax.runtime import layout, resume
-from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
+from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup, batch_countable
 from tidejax.runtime.cluster import Decisions
 from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.records import GroupPayload
@@ -88,26 +88,38 @@ def return_stale_slots(buffer: GlobalBuffer, manager: RolloutManager) -> int:
     return n
 
 
+def _deal(shares: list[int], caps: list[int], left: int) -> int:
+    """Add to `shares` one group per host in turn, none past its cap, until `left` are dealt
+    or every cap is reached; returns how many are left."""
+    while left and any(s < c for s, c in zip(shares, caps)):
+        for p, cap in enumerate(caps):
+            if left and shares[p] < cap:
+                shares[p] += 1
+                left -= 1
+    return left
+
+
 def batch_shares(digests: list[dict], target: int, take_all: bool) -> dict:
-    """The leader's batch decision from every process's digest ({"ready", "stop",
-    "phase_over"}): stop if any process was asked to, else how many groups each process
-    gives once `target` are ready between them (taken in turn, one at a time, so hosts share
-    the batch), or with `take_all`, once every host's rollout phase is over, whatever each
-    has (sync: the batch is what survived)."""
+    """The leader's batch decision from every process's digest ({"ready", "due_ready",
+    "due_in_flight", "stop", "phase_over"}): stop if any process was asked to, else how many
+    groups each process gives once `target` count toward the batch between them
+    (`batch_countable`: deadline order keeps places for due groups still running on any
+    host), dealt in turn so hosts share the batch, every host's due ready groups first; or
+    with `take_all`, once every host's rollout phase is over, whatever each has (sync: the
+    batch is what survived)."""
     stop = next((d["stop"] for d in digests if d["stop"] is not None), None)
     if stop is not None:
         return {"stop": stop}
     ready = [d["ready"] for d in digests]
     if take_all:
         return {"take": ready} if all(d["phase_over"] for d in digests) else {"wait": True}
-    if sum(ready) < target:
+    due_ready = [d["due_ready"] for d in digests]
+    countable = batch_countable(target, sum(ready), sum(due_ready),
+                                sum(d["due_in_flight"] for d in digests))
+    if countable < target:
         return {"wait": True}
-    shares, left = [0] * len(ready), target
-    while left:
-        for p, n in enumerate(ready):
-            if left and shares[p] < n:
-                shares[p] += 1
-                left -= 1
+    shares = [0] * len(ready)
+    _deal(shares, ready, _deal(shares, due_ready, target))
     return {"take": shares}
 
 
@@ -487,11 +499,10 @@ class Controller:
             while True:
                 if phase is not None and phase.done():
                     phase.result()  # re-raises AllRanksFailed
-                ready = self.buffer.wait_for(target, self.version, timeout=0)
                 mine = self.stop.signum if self._stopping() else None
                 decision = self.decisions.decide_from(
-                    "batch", {"ready": ready, "stop": mine,
-                              "phase_over": phase is None or phase.done()},
+                    "batch", self.buffer.batch_digest(self.version)
+                    | {"stop": mine, "phase_over": phase is None or phase.done()},
                     lambda digests: batch_shares(digests, target, take_all=self.spec.phased))
                 if "stop" in decision:
                     return decision["stop"]

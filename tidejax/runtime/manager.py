@@ -225,10 +225,9 @@ class RolloutManager:
     def start_next_task(self, group: GroupRecord, rank: int) -> TaskRecord:
         """Admit the group's next member onto `rank` and start its coroutine."""
         rec = group.tasks[group.admitted]
-        if group.admitted == 0:
-            if not group.is_eval:
-                self.outstanding_groups += 1
-                self.buffer.admit(group.group_id)
+        if group.admitted == 0 and not group.is_eval:
+            self.outstanding_groups += 1
+            self.buffer.admit(group.group_id, self.workers[rank].version)
         group.admitted += 1
         if group.admitted == len(group.tasks):
             self.pending.remove(group)
@@ -282,10 +281,7 @@ class RolloutManager:
         for rec in group.tasks[group.admitted:]:
             rec.state, rec.error = TaskState.FAILED, "group_failed"
             self.dropped_tasks.append((rec.task.task_id, "group_failed"))
-        if group.admitted < len(group.tasks):
-            if group.admitted == 0 and not group.is_eval:
-                self.outstanding_groups += 1  # balanced by the drop in _maybe_finish_group
-                self.buffer.admit(group.group_id)
+        if group.admitted < len(group.tasks):  # >= 1: a started member failed
             group.admitted = len(group.tasks)
             if group in self.pending:
                 self.pending.remove(group)

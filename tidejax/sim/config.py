@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tidejax.runtime.config import CONSUME_ORDERS
 from tidejax.sim.costs import SwitchConstants
 
 ROLLOUT_POLICIES = ("request", "ctb")
@@ -34,9 +35,6 @@ class SystemSpec:
             raise ValueError("SystemSpec: an async system needs rollout_fraction or planner")
 
 
-CONSUME_ORDERS = ("completion", "admission", "deadline")
-
-
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     steps: int = 100
@@ -50,7 +48,7 @@ class SimConfig:
     # The order the trainer takes finished groups in. "completion" (the published tables)
     # takes the oldest version ready, fastest first, never waiting: slow groups are passed
     # over until stale and dropped. "admission" waits for the oldest admitted group (the
-    # runtime's default, RolloutConfig.consume_order). "deadline" (simulator only so far)
+    # runtime's default, RolloutConfig.consume_order). "deadline" (the runtime's too)
     # takes fastest first but keeps a place in the batch for every group in flight that
     # would be stale by the next update, so none is dropped.
     consume_order: str = "completion"
