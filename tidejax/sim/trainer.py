@@ -35,7 +35,7 @@ MODES = ("batch", "stream", "colocated", "decoupled")
 
 class Trainer:
     def __init__(self, cost: CostModel, ledger: Ledger, on_step_end,
-                 consume_order: str = "completion") -> None:
+                 consume_order: str) -> None:
         self.consume_order = consume_order  # validated by SimConfig
         # admitted groups not yet offered, oldest first: uid -> (place in admission order, group)
         self._in_flight: dict[int, tuple[int, object]] = {}
