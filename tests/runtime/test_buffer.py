@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup, batch_countable
+from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
+from tidejax.sched.staleness import batch_countable
 
 
 class FakeClock:

@@ -20,8 +20,8 @@ generated tokens dropped and a lower final reward than sync). "deadline" takes t
 version first and, within it, the fastest, but keeps a place in the batch for every
 admitted group still running that would be stale by the next update ("due": admitted at a
 version `staleness_bound` or more behind the trainer), so the batch waits for those and no
-longer for every slower group admitted before a fast one. `batch_countable` is that rule;
-the controller's `batch_shares` applies it across hosts.
+longer for every slower group admitted before a fast one. `sched.staleness.batch_countable`
+is that rule; the controller's `batch_shares` applies it across hosts.
 
 Threads: in a run every call comes from the controller's asyncio loop thread. The
 `RolloutManager`'s task coroutines `put` (or `drop`) finished groups; `Controller.run`
@@ -41,6 +41,7 @@ from collections import deque
 from typing import Any
 
 from tidejax.runtime.config import CONSUME_ORDERS
+from tidejax.sched.staleness import batch_countable, is_due
 
 
 @dataclasses.dataclass
@@ -71,14 +72,6 @@ class DropRecord:
     group_id: str
     reason: str
     generated_tokens: int
-
-
-def batch_countable(target: int, ready: int, due_ready: int, due_in_flight: int) -> int:
-    """How many of `ready` groups count toward a batch of `target` when a place is kept for
-    each of `due_in_flight` due groups still running; the `due_ready` ones always count."""
-    if due_in_flight == 0:
-        return ready
-    return max(due_ready, min(ready, target - due_in_flight))
 
 
 class GlobalBuffer:
@@ -173,10 +166,6 @@ class GlobalBuffer:
             prefix.append(ready[group_id])
         return prefix
 
-    def _is_due(self, version: int, trainer_version: int) -> bool:
-        """Tokens of `version` would be stale at the next update's take."""
-        return trainer_version - version >= self.staleness_bound
-
     def batch_digest(self, trainer_version: int) -> dict[str, int]:
         """Drop the stale groups, then count the groups that may be taken ("ready") and, in
         deadline order, the due ones ready and still running (`batch_countable`'s inputs)."""
@@ -185,9 +174,10 @@ class GlobalBuffer:
             due_ready = due_in_flight = 0
             if self.consume_order == "deadline":
                 ready_ids = {g.group_id for g in self._ready}
-                due_ready = sum(self._is_due(g.min_version, trainer_version)
+                bound = self.staleness_bound
+                due_ready = sum(is_due(trainer_version, g.min_version, bound)
                                 for g in self._ready)
-                due_in_flight = sum(self._is_due(v, trainer_version)
+                due_in_flight = sum(is_due(trainer_version, v, bound)
                                     for group_id, v in self._admitted.items()
                                     if group_id not in ready_ids)
             return {"ready": len(self._takeable()), "due_ready": due_ready,

@@ -62,7 +62,7 @@ from tidejax.models.config import ModelConfig
 from tidejax.models.tokenizer import Tokenizer
 from tidejax.rl.state import TrainState
 from tidejax.runtime import layout, resume
-from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup, batch_countable
+from tidejax.runtime.buffer import GlobalBuffer, ReadyGroup
 from tidejax.runtime.cluster import Decisions
 from tidejax.runtime.manager import AllRanksFailed, RolloutManager
 from tidejax.runtime.records import GroupPayload
@@ -71,6 +71,7 @@ from tidejax.runtime.stop import StopRequest
 from tidejax.runtime.topology import Topology
 from tidejax.runtime.trainer_runner import StepReport, TrainerRunner
 from tidejax.sched import ers, ra2p
+from tidejax.sched.staleness import batch_countable
 from tidejax.sched.systems import SYSTEMS
 from tidejax.serving.engine import make_engine
 

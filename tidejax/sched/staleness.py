@@ -30,6 +30,21 @@ def admissible_groups(outstanding: int, quota: int) -> int:
     return max(0, quota - outstanding)
 
 
+def is_due(trainer_version: int, group_version: int, bound: int) -> bool:
+    """A group of ``group_version`` would be past ``bound`` at the next update's take: it must
+    be in the batch the trainer at ``trainer_version`` takes now."""
+    return trainer_version - group_version >= bound
+
+
+def batch_countable(target: int, ready: int, due_ready: int, due_in_flight: int) -> int:
+    """How many of ``ready`` groups count toward a batch of ``target`` when a place is kept
+    for each of ``due_in_flight`` due groups still running; the ``due_ready`` ones always
+    count (deadline consumption order: the runtime's buffer and the simulator's trainer)."""
+    if due_in_flight == 0:
+        return ready
+    return max(due_ready, min(ready, target - due_in_flight))
+
+
 def staleness(consumer_version: int, group_version: int) -> int:
     """Versions between the policy that started a group and the update consuming it."""
     if consumer_version < group_version:

@@ -419,7 +419,7 @@ class Cluster(SyncPhases):
 
     def is_due(self, g: SimGroup) -> bool:
         """Stale by the next update unless this one takes it."""
-        return self.version - g.version >= self.cfg.staleness_bound
+        return staleness.is_due(self.version, g.version, self.cfg.staleness_bound)
 
     def _drop(self, g: SimGroup, t: float) -> None:
         self.dropped_groups += 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from tidejax.sched import staleness
 from tidejax.sched.ra2p import Ra2pCosts
 from tidejax.sim.costs import CostModel
 from tidejax.sim.metrics import Ledger
@@ -137,7 +138,8 @@ class Trainer:
             if not self.is_due(g):
                 break
             due += 1
-        return self.need - self.taken - 1 >= due
+        # the top group counts toward what this step still needs (the runtime's rule)
+        return staleness.batch_countable(self.need - self.taken, 1, 0, due) >= 1
 
     def _close(self, t: float) -> None:
         # a group larger than one micro-batch still forms whole micro-batches
