@@ -4,7 +4,14 @@ import math
 
 import pytest
 
-from tidejax.bench.learning import compare, first_time_reaching, version_times
+from tidejax.bench.learning import (
+    compare,
+    first_time_reaching,
+    paired_gap,
+    parse_variants,
+    version_times,
+)
+from tidejax.config import run_config_from_dict
 
 
 def test_version_times_accumulate_step_seconds():
@@ -33,3 +40,32 @@ def test_compare_gap_se_and_time_fraction():
     # sync's mean final 0.6 at mean time 110; tide's mean curve 0.5 -> 0.7 over 0 -> 60 s
     # reaches 0.6 at 30 s
     assert out["tide_time_to_sync_final"] == pytest.approx(30 / 110)
+
+
+def test_paired_gap_pairs_by_seed():
+    tide = [run([(4, 0, 0.5)]), run([(4, 0, 0.9)])]
+    variant = [run([(4, 0, 0.6)]), run([(4, 0, 0.9)])]
+    gap, se = paired_gap(variant, tide)
+    assert gap == pytest.approx(0.05)
+    # differences 0.1 and 0.0: std (ddof 1) 0.0707, / sqrt(2) = 0.05
+    assert se == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        paired_gap(variant, tide[:1])
+
+
+def test_variants_load_on_the_base_and_reject_bad_specs(tmp_path):
+    path = tmp_path / "deadline.toml"
+    path.write_text('[rollout]\nconsume_order = "deadline"\n')
+    base = run_config_from_dict({"steps": 3})
+    variants = parse_variants([f"deadline={path}"], base)
+    assert variants["deadline"].rollout.consume_order == "deadline"
+    assert variants["deadline"].steps == 3 and variants["deadline"].system == "tide"
+    for bad in ("deadline", f"sync={path}", f"=={path}"):
+        with pytest.raises(ValueError):
+            parse_variants([bad], base)
+    with pytest.raises(ValueError, match="label 'x' is a system name or repeated"):
+        parse_variants([f"x={path}", f"x={path}"], base)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("[rollout]\nconsume_ordr = 1\n")
+    with pytest.raises(ValueError, match="consume_ordr"):
+        parse_variants([f"w={wrong}"], base)

@@ -2,7 +2,8 @@
 how soon in wall-clock time does tide reach what sync reaches?
 
     python -m tidejax.bench.learning [--seeds 0,1,2] [--systems sync,async,tide]
-                                     [--config FILE] [--steps N] [--out runs/bench_learning]
+                                     [--config FILE] [--variant LABEL=FILE ...]
+                                     [--steps N] [--out runs/bench_learning]
 
 Every system runs the default job's learnable configuration (or `--config`) for the same
 steps from the same warm start (shared, so seeds vary only the RL run), one run at a time
@@ -17,6 +18,12 @@ final evaluation reward minus sync's (means over seeds), the standard error of t
 difference over seeds, and the wall-clock time at which tide's mean evaluation curve first
 reaches sync's mean final reward as a fraction of the time sync took to produce its final
 version (linear between evaluations; inf if tide never reaches it).
+
+`--variant LABEL=FILE` (repeatable) also runs tide with FILE's overrides on top of the base
+configuration, beside the others in the same run (same seeds, warm start and machine), and
+prints before the last line `variant=LABEL vs_tide_final_gap=<x> paired_se=<y>
+vs_sync_final_gap=<z>`: the gap to plain tide is paired by seed (each seed's difference, its
+standard error over seeds), so a change to tide is judged against tide measured alongside.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import shutil  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tidejax.config import load_run_config, run_config_from_dict  # noqa: E402
+from tidejax.config import RunConfig, load_run_config, run_config_from_dict  # noqa: E402
 from tidejax.metrics import read_jsonl  # noqa: E402
 from tidejax.runtime.job import run_job  # noqa: E402
 
@@ -107,6 +114,28 @@ def compare(curves: dict[str, list[dict]]) -> dict:
             "finals": {s: f.tolist() for s, f in finals.items()}}
 
 
+def paired_gap(variant: list[dict], reference: list[dict]) -> tuple[float, float]:
+    """Mean and standard error over seeds of the per-seed final-reward difference (runs
+    listed in the same seed order)."""
+    diffs = np.array([v["evals"][-1]["reward"] - r["evals"][-1]["reward"]
+                      for v, r in zip(variant, reference, strict=True)])
+    se = float(diffs.std(ddof=1) / math.sqrt(len(diffs))) if len(diffs) > 1 else math.nan
+    return float(diffs.mean()), se
+
+
+def parse_variants(specs: list[str], base: RunConfig) -> dict[str, RunConfig]:
+    """`LABEL=FILE` specs as tide configs: FILE's overrides on top of `base`."""
+    variants: dict[str, RunConfig] = {}
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            raise ValueError(f"--variant {spec!r}: expected LABEL=FILE")
+        if label in SYSTEMS or label in variants:
+            raise ValueError(f"--variant {spec!r}: label {label!r} is a system name or repeated")
+        variants[label] = load_run_config(path, base).replace(system="tide")
+    return variants
+
+
 def plot(curves: dict[str, list[dict]], path: str) -> None:
     import matplotlib
 
@@ -141,6 +170,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--config", help="RunConfig overrides (default: the default job's)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=FILE",
+                        help="also run tide with FILE's overrides on top of the base config")
     parser.add_argument("--steps", type=int, help="GRPO steps (default: the config's)")
     parser.add_argument("--out", default=os.path.join("runs", "bench_learning"))
     args = parser.parse_args(argv)
@@ -152,14 +183,19 @@ def main(argv=None) -> None:
     base = load_run_config(args.config) if args.config else run_config_from_dict({})
     if args.steps is not None:
         base = base.replace(steps=args.steps)
+    try:
+        variants = parse_variants(args.variant, base)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    configs = {s: base.replace(system=s) for s in systems} | variants
     os.makedirs(args.out, exist_ok=True)
-    curves: dict[str, list[dict]] = {s: [] for s in systems}
+    curves: dict[str, list[dict]] = {label: [] for label in configs}
     with open(os.path.join(args.out, "learning.jsonl"), "w") as jsonl:
         for seed in [int(s) for s in args.seeds.split(",")]:
-            for system in systems:
+            for system, config in configs.items():
                 run_dir = os.path.join(args.out, f"{system}_s{seed}")
                 shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends
-                out = run_job(base.replace(system=system, seed=seed), run_dir,
+                out = run_job(config.replace(seed=seed), run_dir,
                               show_progress=False,
                               compile_cache=os.path.join("runs", ".jax_cache"),
                               cache_dir=os.path.join(args.out, "warm_start"))
@@ -179,6 +215,11 @@ def main(argv=None) -> None:
     for system, finals in result["finals"].items():
         print(f"{system:5s} final rewards over seeds: "
               + " ".join(f"{f:.3f}" for f in finals) + f" mean {np.mean(finals):.3f}")
+    for label in variants:
+        gap_tide, paired_se = paired_gap(curves[label], curves["tide"])
+        gap_sync = float(np.mean(result["finals"][label]) - np.mean(result["finals"]["sync"]))
+        print(f"variant={label} vs_tide_final_gap={gap_tide:.3f} paired_se={paired_se:.3f} "
+              f"vs_sync_final_gap={gap_sync:.3f}")
     print(f"tide_vs_sync_final_gap={result['tide_vs_sync_final_gap']:.3f} "
           f"gap_se={result['gap_se']:.3f} "
           f"tide_time_to_sync_final={result['tide_time_to_sync_final']:.2f}")
