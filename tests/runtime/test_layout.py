@@ -169,3 +169,21 @@ def test_one_device_runs_sync_with_rollout_and_training_taking_turns():
         RunConfig(system="tide", topology=TopologyConfig(devices=1, rollout_ranks=1))
     four = RunConfig(system="sync", topology=TopologyConfig(devices=4, rollout_ranks=3))
     assert layout.sync_trainer_devices(four, 4) == 1  # what the async trainers would get
+
+
+def test_a_resumed_run_keeps_the_checkpoints_partition_only_where_ers_could_choose_it():
+    P = layout.ers.Partition
+    cfg = RunConfig(topology=TopologyConfig(devices=8, rollout_ranks=4))
+    jm = _jm(cfg)  # tiny admits actors of 1, 2 and 4 ranks
+    assert layout.resumable_partition(P(6, 2), cfg, jm, 8)
+    assert layout.resumable_partition(P(4, 4), cfg, jm, 8)
+    assert not layout.resumable_partition(P(5, 3), cfg, jm, 8)  # a 3-device actor
+    assert not layout.resumable_partition(P(2, 2), cfg, jm, 8)  # saved on 4 devices
+    assert not layout.resumable_partition(P(0, 8), cfg, jm, 8)  # below min_rollout
+    # a 7B actor needs more than one 80 GB device: a checkpoint written where it fit (say
+    # with more memory per device) does not resume onto one here
+    big = RunConfig(preset="qwen2.5-7b", model_vocab_size=None, device_memory_gib=80.0,
+                    row_len=1536, topology=TopologyConfig(devices=8, rollout_ranks=4))
+    assert not layout.resumable_partition(P(7, 1), big, _jm(big), 8)
+    assert layout.resumable_partition(layout.initial_partition(big, _jm(big), 8), big,
+                                      _jm(big), 8)

@@ -83,6 +83,20 @@ def _steps_written(out) -> list[int]:
         return [r["step"] for r in map(json.loads, f) if r["kind"] == "step"]
 
 
+def _resumed_partition(log: str) -> str:
+    """The partition a resumed run says ERS goes on from, as a step digest writes it."""
+    p = re.search(r"resuming ERS at partition Partition\(rollout=(\d+), actor=(\d+), "
+                  r"ref=(\d+)\)", log)
+    assert p, log[-3000:]
+    return f"({p.group(1)}, {p.group(3)}, {p.group(2)})"
+
+
+def _partitions(log: str) -> dict[int, str]:
+    """Each step's partition after its boundary's plan, from the step digests."""
+    return {step: re.search(r"partition=(\(.*?\))", d).group(1)
+            for step, d in _digests(log).items()}
+
+
 def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp_path):
     out = tmp_path / "run"
     split = tmp_path / "split.toml"  # tide starts from this split: 3 rollout ranks per host
@@ -102,8 +116,7 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
     # processes, each host's block staying on its host (not through the host memory).
     # Step 2's boundary queues an evaluation (--quick evaluates every 2 steps): ERS lends
     # it a trainer rank on each host and takes it back at step 3's.
-    partitions = {step: re.search(r"partition=(\(.*?\))", d).group(1)
-                  for step, d in digests[0].items()}
+    partitions = _partitions(first[0][1])
     assert partitions == {1: "(2, 0, 2)", 2: "(3, 0, 1)", 3: "(2, 0, 2)"}, partitions
     assert all("actor_processes=[0, 1]" in d for d in digests[0].values())
     for _, log in first:
@@ -134,6 +147,9 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
         assert code == 128 + signal.SIGTERM, log[-3000:]
         assert "resumed from step 3" in log
         assert log.count("restored rollout") == 1  # each host its own snapshot
+        # ERS goes on from the checkpoint's partition (step 3's plan), not the configured
+        # split (3, 0, 1)
+        assert _resumed_partition(log) == partitions[3] == "(2, 0, 2)", log[-3000:]
     assert _digests(second[0][1]) == _digests(second[1][1])
     stopped = int(re.search(r"stopping after step (\d+) of 30", second[0][1]).group(1))
     assert stopped >= 4 and f"stopped by SIGTERM after step {stopped} of 30" in second[1][1]
@@ -146,6 +162,14 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
     assert code == 0, log[-3000:]
     assert f"resumed from step {stopped}" in log
     assert log.count("restored rollout") == 2  # process 1's groups re-homed here
+    # the partition is per host, so one host of the same shape resumes it too, with the
+    # plan's state: a rank lent to the evaluation queued at the stop step's boundary (every
+    # second step) is handed back at the next one, as in the first run's step 3
+    assert _resumed_partition(log) == _partitions(second[0][1])[stopped], log[-3000:]
+    if stopped % 2 == 0:
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            last = [r for r in map(json.loads, f) if r["kind"] == "step"][-1]
+        assert last["reason"].startswith("evaluation over"), last
     assert _steps_written(out) == list(range(1, stopped + 2))
 
 

@@ -30,7 +30,9 @@ Checkpoints and resume: the checkpoint hook gets, besides the TrainState, a roll
 in-flight training tasks. `run(state, start_step, rollout=...)` serves the restored
 parameters from the first turn, puts ready groups back and restarts in-flight tasks. A
 step's batch is sorted by group id, so it does not depend on the order groups finished in.
-If every rollout rank is quarantined, the run raises `AllRanksFailed` instead of waiting.
+An elastic run's checkpoint also keeps ERS's last plan and move count (`elastic_meta`); a
+resumed run starts from that partition when its topology admits it (`resume_elastic`),
+else from the initial one. If every rollout rank is quarantined, the run raises `AllRanksFailed` instead of waiting.
 
 Stopping (`tidejax.runtime.stop`): when a stop is requested, a step still waiting for its
 batch (or, in sync, for its rollout phase) is abandoned, an update under way finishes, and
@@ -292,6 +294,8 @@ class Controller:
         self.ers_config = layout.ers_config(cfg, self.job_memory, cfg.topology.devices)
         self._step_times: list[float] = []
         self._since_move = 1 << 30  # boundaries since ERS last changed the partition
+        self._elastic_meta: dict | None = None  # ERS's state at the last checkpoint
+        self._resumed_elastic: tuple[ers.Plan, int] | None = None  # (plan, since_move)
         self._move_s = 0.0  # measured seconds of the last partition change
         self._stale_in_step = 0  # groups dropped as stale during the current step
         self.task_rows = cfg.task_rows()  # dataset rows per split ([task_data]), if any
@@ -300,6 +304,26 @@ class Controller:
     def initial_partition(self) -> ers.Partition:
         """The first partition, refused (LayoutError naming the field) if it cannot run."""
         return layout.initial_partition(self.cfg, self.job_memory, self.cfg.topology.devices)
+
+    def elastic_meta(self) -> dict | None:
+        """ERS's state at the last checkpoint boundary, for the checkpoint's metadata."""
+        return self._elastic_meta
+
+    def resume_elastic(self, saved: dict | None) -> None:
+        """Let a resumed elastic run start from the checkpoint's ERS partition, with the plan
+        and move count ERS had there, when this topology admits it (not when resumed on
+        other devices); else it starts from the initial partition."""
+        self._resumed_elastic = None
+        if not (saved and self.spec.elastic):
+            return
+        plan = plan_from_json(saved["plan"])
+        if not layout.resumable_partition(plan.partition, self.cfg, self.job_memory,
+                                          self.cfg.topology.devices):
+            log.warning("the checkpoint's partition %s does not fit %d devices; resuming "
+                        "from the initial partition", plan.partition, self.cfg.topology.devices)
+            return
+        self._resumed_elastic = (plan, int(saved["since_move"]))
+        log.info("resuming ERS at partition %s (last plan: %s)", plan.partition, plan.reason)
 
     def _sync_partition(self) -> tuple[int, int, int]:
         """What a sync step's record shows: every rank rolls out, then trains on the
@@ -463,13 +487,15 @@ class Controller:
         finally:
             idle.cancel()
 
-    async def _save(self, step: int, state: TrainState, manager: RolloutManager) -> None:
+    async def _save(self, step: int, loop: _Loop, manager: RolloutManager) -> None:
         # consistent: no await before it
         snap = resume.snapshot(manager, self.buffer) | {"data_cursor": self.data_cursor}
+        self._elastic_meta = ({"plan": plan_to_json(loop.plan), "since_move": self._since_move}
+                              if self.spec.elastic else None)
         if self.hosts > 1:  # every host's snapshot goes into the checkpoint process 0 writes
             snap = resume.combine([json.loads(data) for data in self.decisions.all_gather(
                 "checkpoint", json.dumps(snap).encode())])
-        await asyncio.to_thread(self.checkpoint, step, state, self, snap)
+        await asyncio.to_thread(self.checkpoint, step, loop.state, self, snap)
         self._saved_step = step
 
     async def _wait_eval(self, manager: RolloutManager, version: int, timeout: float = 600.0):
@@ -563,14 +589,17 @@ class Controller:
         """Open the first partition, restore the rollout snapshot, and queue the first
         evaluation."""
         cfg = self.cfg
-        partition = self.initial_partition()
+        resumed = self._resumed_elastic if state is not None else None
+        partition = resumed[0].partition if resumed else self.initial_partition()
         manager = RolloutManager(self.rollout_config, {}, self.pool, self.tokenizer, self.buffer,
                                  cfg.env_type, cfg.rl.advantage, seed=cfg.seed,
                                  max_seq_len=cfg.row_len)
         self.manager = manager
         self.version = start_step
         if state is not None:  # resuming: rollout serves the restored policy, not the warm start
-            _, _, actor = self._roles(partition)
+            _, ref, actor = self._roles(partition)
+            if resumed:  # restored onto the initial partition's actor mesh
+                state = await asyncio.to_thread(self.runner.place, state, actor, ref)
             self.first_rollout_weights = await asyncio.to_thread(
                 self.runner.trainer_for(actor).rollout_copy, state.params)
         state = await self._apply_partition(partition, manager, state)
@@ -589,11 +618,15 @@ class Controller:
         evaluate = evaluate_initial and bool(cfg.eval_every)
         if evaluate:
             self._queue_eval(manager)
-        return _Loop(state=state, partition=partition,
-                     plan=ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False,
-                                   "initial",  # the first step holds the evaluation
-                                   trial=ers.Trial(since_eval=0) if evaluate else ers.Trial()),
-                     completed=start_step, eval_pending=self.version if evaluate else None)
+        if resumed:  # ERS goes on where it was: its trial, its reverts, a loan to hand back
+            plan, self._since_move = resumed
+        else:
+            plan = ers.Plan(partition, ra2p.Mode.COLOCATED, cfg.batch_groups, False, "initial",
+                            trial=ers.Trial())
+        if evaluate:  # the first step holds the evaluation
+            plan = dataclasses.replace(plan, trial=dataclasses.replace(plan.trial, since_eval=0))
+        return _Loop(state=state, partition=partition, plan=plan, completed=start_step,
+                     eval_pending=self.version if evaluate else None)
 
     async def _stage_batch(self, loop: _Loop, step_start: float) -> _Batch | None:
         """Stage "wait for batch" (leader-decided): the step's groups from every host; None,
@@ -669,7 +702,7 @@ class Controller:
             loop.eval_pending = self.version
         if self.checkpoint and cfg.checkpoint_every and (
                 step % cfg.checkpoint_every == 0 or step == cfg.steps):
-            await self._save(step, loop.state, manager)  # checkpoint (collective)
+            await self._save(step, loop, manager)  # checkpoint (collective)
         return sync_s
 
     async def _stage_last(self, loop: _Loop) -> None:
@@ -678,7 +711,7 @@ class Controller:
         if loop.stop_signal is not None and loop.completed < cfg.steps:
             log.info("stopping after step %d of %d", loop.completed, cfg.steps)
             if self.checkpoint and self._saved_step != loop.completed:
-                await self._save(loop.completed, loop.state, manager)
+                await self._save(loop.completed, loop, manager)
         elif loop.eval_pending is not None:
             await self._wait_eval(manager, loop.eval_pending)
             if not self._stopping():  # a stop after the last update skips only this

@@ -272,7 +272,8 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
 
     def checkpoint(step, state, controller, rollout):
         ckpt.save(step, state, ref_model=ref_identity, data_cursor=controller.data_cursor,
-                  controller={"version": controller.version, "system": cfg.system},
+                  controller={"version": controller.version, "system": cfg.system,
+                              "elastic": controller.elastic_meta()},
                   rollout=rollout)
 
     controller = Controller(cfg, model_config, params, tokenizer, make_pool(cfg), devices,
@@ -288,6 +289,7 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
             state, start_step = restored.state, restored.step
             controller.data_cursor = int(restored.data_cursor or 0)
             rollout = restored.rollout
+            controller.resume_elastic(restored.controller.get("elastic"))
             log.info("resumed from step %d (data cursor %d)", start_step,
                      controller.data_cursor)
         except CheckpointError as e:

@@ -148,3 +148,17 @@ def initial_partition(cfg: RunConfig, jm: memory.JobMemory, devices: int) -> ers
         return partition
     check_layout(jm, t.rollout_ranks, 0, devices - t.rollout_ranks * k, "topology.rollout_ranks")
     return ers.Partition(rollout=t.rollout_ranks, actor=ranks - t.rollout_ranks)
+
+
+def resumable_partition(saved: ers.Partition, cfg: RunConfig, jm: memory.JobMemory,
+                        devices: int) -> bool:
+    """Whether an elastic run resumed on `devices` may start from a checkpoint's partition:
+    it covers every rank and ERS could have chosen it here (its floors, the mesh sizes the
+    memory model admits, a layout that fits)."""
+    k, ranks = cfg.topology.rollout_tensor, devices // cfg.topology.rollout_tensor
+    bounds = ers_config(cfg, jm, devices)
+    return (saved.total == ranks and saved.rollout >= bounds.min_rollout
+            and saved.actor >= bounds.min_actor
+            and (not bounds.actor_sizes or saved.actor in bounds.actor_sizes)
+            and (saved.ref == 0 or not bounds.ref_sizes or saved.ref in bounds.ref_sizes)
+            and not jm.problems(saved.rollout, saved.actor * k, saved.ref * k))
