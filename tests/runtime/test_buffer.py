@@ -73,7 +73,7 @@ def test_bad_config_names_field():
 
 def test_admission_order_waits_for_the_oldest_admitted_group():
     """A slow group admitted first is not passed over by faster ones admitted after it."""
-    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100)
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100, consume_order="admission")
     for gid in ("slow", "fast1", "fast2"):
         buf.admit(gid, 0)
     buf.put(group("fast1", 0))
@@ -98,7 +98,7 @@ def test_completion_order_takes_the_fastest():
 
 def test_a_dropped_head_unblocks_the_admission_order():
     """A group that fails, or goes stale, leaves the order: the trainer does not wait on it."""
-    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100)
+    buf = GlobalBuffer(staleness_bound=1, micro_batch_tokens=100, consume_order="admission")
     for gid in ("failed", "ok", "late"):
         buf.admit(gid, 0)
     buf.put(group("ok", 1))

@@ -101,12 +101,14 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
     out = tmp_path / "run"
     split = tmp_path / "split.toml"  # tide starts from this split: 3 rollout ranks per host
     split.write_text("[topology]\nrollout_ranks = 3\n")
-    # The resumed runs take groups in deadline order: the batch shares keep places for due
-    # groups running on either host.
-    deadline = tmp_path / "deadline.toml"
-    deadline.write_text(split.read_text() + '[rollout]\nconsume_order = "deadline"\n')
+    # The first run takes groups in admission order, so its batches mix both hosts' groups
+    # (asserted below); the resumed runs in deadline order, the default, where a batch may
+    # be one host's fast groups and the batch shares keep places for due groups running on
+    # either host.
+    admission = tmp_path / "admission.toml"
+    admission.write_text(split.read_text() + '[rollout]\nconsume_order = "admission"\n')
     first = _run(tmp_path, "first", "move",
-                 _job_args(out, steps=3, extra=["--config", str(split)]), processes=2)
+                 _job_args(out, steps=3, extra=["--config", str(admission)]), processes=2)
     for code, log in first:
         assert code == 0, log[-3000:]
     digests = [_digests(log) for _, log in first]
@@ -141,7 +143,7 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
     # Resumed on two processes, then SIGTERM to process 1 only: both stop at the next
     # boundary, checkpoint, and exit 128 + SIGTERM.
     second = _run(tmp_path, "second", "none",
-                  _job_args(out, steps=30, extra=["--resume", "--config", str(deadline)]),
+                  _job_args(out, steps=30, extra=["--resume", "--config", str(split)]),
                   processes=2, sigterm_when=(1, "step 4 digest"))
     for code, log in second:
         assert code == 128 + signal.SIGTERM, log[-3000:]
@@ -157,7 +159,7 @@ def test_tide_across_two_processes_moves_stops_and_resumes_on_two_and_on_one(tmp
 
     (code, log), = _run(tmp_path, "third", "none",
                         _job_args(out, steps=stopped + 1,
-                                  extra=["--resume", "--config", str(deadline)]),
+                                  extra=["--resume", "--config", str(split)]),
                         processes=1)
     assert code == 0, log[-3000:]
     assert f"resumed from step {stopped}" in log

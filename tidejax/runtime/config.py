@@ -10,6 +10,7 @@ import dataclasses
 
 # The orders the trainer may take finished groups in (runtime/buffer.py says what each does).
 CONSUME_ORDERS = ("admission", "completion", "deadline")
+DEFAULT_CONSUME_ORDER = "deadline"  # the runtime's and the simulator's (see RolloutConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +31,13 @@ class RolloutConfig:
     env_max_open_episodes: int | None = None
     staleness_bound: int = 1  # versions; also the CTB/AReaL admission quota
     batch_groups: int = 4  # groups per trainer step (for the staleness quota)
-    # The order the trainer takes finished groups in: "admission" keeps every group within
-    # the staleness bound and the batches unbiased; "completion" (fastest first) is the
-    # ablation; "deadline" is fastest first keeping places for groups that would go stale
-    # (see runtime/buffer.py).
-    consume_order: str = "admission"
+    # The order the trainer takes finished groups in (see runtime/buffer.py): "deadline"
+    # takes the oldest version first and the fastest within it, keeping a place in the
+    # batch for every running group that would go stale, so none is dropped; "admission"
+    # waits for the oldest admitted group (the default until bench.learning found the two
+    # learn alike, 2026-12-07); "completion" (fastest first, stale groups dropped) is the
+    # ablation.
+    consume_order: str = DEFAULT_CONSUME_ORDER
     budget_fraction: float = 0.9  # share of a rank's KV pool CTB may plan with
     max_task_attempts: int = 2  # env failures: restart a task this many times in total
     retry_backoff_s: float = 0.05

@@ -599,6 +599,7 @@ class Controller:
         if state is not None:  # resuming: rollout serves the restored policy, not the warm start
             _, ref, actor = self._roles(partition)
             if resumed:  # restored onto the initial partition's actor mesh
+                await self._enter_collective("reshard")
                 state = await asyncio.to_thread(self.runner.place, state, actor, ref)
             self.first_rollout_weights = await asyncio.to_thread(
                 self.runner.trainer_for(actor).rollout_copy, state.params)

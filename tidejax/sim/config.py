@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tidejax.runtime.config import CONSUME_ORDERS
+from tidejax.runtime.config import CONSUME_ORDERS, DEFAULT_CONSUME_ORDER
 from tidejax.sim.costs import SwitchConstants
 
 ROLLOUT_POLICIES = ("request", "ctb")
@@ -46,13 +46,13 @@ class SimConfig:
     # takes it is dropped and counted, as the runtime's GlobalBuffer does; False keeps it
     drop_stale: bool = True
     # The order the trainer takes finished groups in, as the runtime's GlobalBuffer
-    # (RolloutConfig.consume_order). "admission" (the default here and in the runtime)
-    # waits for the oldest admitted group. "completion" takes the oldest version ready,
-    # fastest first, never waiting: slow groups are passed over until stale and dropped
-    # (the tables' order up to 2026-12-06, which overstated async goodput about 25% on
-    # text-7b). "deadline" takes fastest first but keeps a place in the batch for every
-    # group in flight that would be stale by the next update, so none is dropped.
-    consume_order: str = "admission"
+    # (RolloutConfig.consume_order). "deadline" (the default here and in the runtime)
+    # takes fastest first but keeps a place in the batch for every group in flight that
+    # would be stale by the next update, so none is dropped. "admission" waits for the
+    # oldest admitted group. "completion" takes the oldest version ready, fastest first,
+    # never waiting: slow groups are passed over until stale and dropped (the tables'
+    # order up to 2026-12-06, which overstated async goodput about 25% on text-7b).
+    consume_order: str = DEFAULT_CONSUME_ORDER
     tick_s: float = 0.2  # admission scheduling period, virtual seconds [A]
     bin_s: float = 10.0  # timeline resolution
     page_size: int = 256  # KV page, tokens [A] (engine-configurable; coarse keeps the sim fast)
