@@ -11,10 +11,11 @@ dropped since it last asked, so it returns their slots to the `RolloutManager` (
 manager `drop`s itself, failed ones, it has already returned).
 
 Consumption order. "admission" hands the trainer groups in the order they were admitted
-(`admit`), waiting for the oldest; "completion" hands it whatever finished first. The staleness quota keeps a stream within the bound only if it is consumed in
-admission order (`sched/staleness.py`). Completion order passes slow groups over until they
-are too stale and dropped, so every batch leans toward the fastest groups: short, often
-all-success episodes that carry no GRPO signal (measured by `bench.learning`: about 13% of
+(`admit`), waiting for the oldest; "completion" hands it whatever finished first. The
+staleness quota keeps a stream within the bound only if it is consumed in admission order
+(`sched/staleness.py`). Completion order passes slow groups over until they are too stale
+and dropped, so every batch leans toward the fastest groups: short, often all-success
+episodes that carry no GRPO signal (measured by `bench.learning`: about 13% of
 generated tokens dropped and a lower final reward than sync). "deadline" takes the oldest
 version first and, within it, the fastest, but keeps a place in the batch for every
 admitted group still running that would be stale by the next update ("due": admitted at a

@@ -32,7 +32,8 @@ parameters from the first turn, puts ready groups back and restarts in-flight ta
 step's batch is sorted by group id, so it does not depend on the order groups finished in.
 An elastic run's checkpoint also keeps ERS's last plan and move count (`elastic_meta`); a
 resumed run starts from that partition when its topology admits it (`resume_elastic`),
-else from the initial one. If every rollout rank is quarantined, the run raises `AllRanksFailed` instead of waiting.
+else from the initial one. If every rollout rank is quarantined, the run raises
+`AllRanksFailed` instead of waiting.
 
 Stopping (`tidejax.runtime.stop`): when a stop is requested, a step still waiting for its
 batch (or, in sync, for its rollout phase) is abandoned, an update under way finishes, and
