@@ -123,6 +123,36 @@ def test_damaged_latest_falls_back_to_the_one_before(saved, damage):
         ckpt.restore(target, step=3)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_restore_picks_each_steps_mesh_from_its_metadata(tmp_path):
+    """A resumed run's actor mesh is recorded with the checkpoint: the abstract state may
+    be a function of the step's controller metadata, asked again for an older step when
+    the newest is unreadable."""
+    with Checkpointer(str(tmp_path / "run"), max_to_keep=2) as ckpt:
+        for step, actor in ((1, 2), (2, 6)):
+            ckpt.save(step, make_state(step), ref_model=REF, controller={"actor": actor})
+        ckpt.wait()
+        asked = []
+
+        def abstract_for(controller):
+            asked.append(controller["actor"])
+            return trainer(controller["actor"]).abstract_state()
+
+        def on_devices(state):
+            return {d.id for leaf in jax.tree.leaves(state) for d in leaf.sharding.device_set}
+
+        got = ckpt.restore(abstract_for)
+        assert (got.step, asked) == (2, [6])
+        assert on_devices(got.state) == {d.id for d in submesh(6).devices.flat}
+        assert_same(got.state, make_state(2))
+        _flip_bytes(os.path.join(ckpt.directory, "2"), largest_only=False)
+        with pytest.warns(UserWarning, match="skipping checkpoint step 2"):
+            got = ckpt.restore(abstract_for)
+        assert (got.step, asked) == (1, [6, 6, 2])
+        assert on_devices(got.state) == {d.id for d in submesh(2).devices.flat}
+        assert_same(got.state, make_state(1))
+
+
 def test_no_checkpoint_raises(tmp_path):
     with Checkpointer(str(tmp_path / "empty")) as ckpt, \
             pytest.raises(CheckpointError, match="no checkpoint"):

@@ -136,7 +136,9 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Restored:
-        """Restore onto the shardings in `abstract_state` (a tree of ShapeDtypeStruct).
+        """Restore onto the shardings in `abstract_state`: a tree of ShapeDtypeStruct, or a
+        function of a step's controller metadata giving that tree (a resumed run whose
+        partition, and so its actor mesh, is recorded in the checkpoint).
 
         With `step=None`, the newest readable checkpoint is restored and unreadable newer
         ones are skipped with a warning; an explicit `step` raises instead.
@@ -156,13 +158,19 @@ class Checkpointer:
         raise CheckpointError(f"no readable checkpoint in {self.directory} "
                               f"(tried steps {candidates})")
 
-    def _restore_step(self, abstract_state: Any, step: int) -> Restored:
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                  meta=ocp.args.JsonRestore())
-        restored = self._manager.restore(step, args=args)
-        meta = restored.meta
+    def _read_meta(self, step: int) -> dict:
+        meta = self._manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore())).meta
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
             raise CheckpointError(f"step {step}: metadata missing or of an unknown format")
+        return meta
+
+    def _restore_step(self, abstract_state: Any, step: int) -> Restored:
+        meta = self._read_meta(step)
+        if callable(abstract_state):
+            abstract_state = abstract_state(meta["controller"])
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state)))
         state = restored.state
         if (self.verify and meta.get("fingerprint") is not None
                 and fingerprint(state) != meta["fingerprint"]):

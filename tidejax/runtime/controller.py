@@ -310,21 +310,39 @@ class Controller:
         """ERS's state at the last checkpoint boundary, for the checkpoint's metadata."""
         return self._elastic_meta
 
-    def resume_elastic(self, saved: dict | None) -> None:
-        """Let a resumed elastic run start from the checkpoint's ERS partition, with the plan
-        and move count ERS had there, when this topology admits it (not when resumed on
-        other devices); else it starts from the initial partition."""
-        self._resumed_elastic = None
+    def _resumable_plan(self, saved: dict | None) -> ers.Plan | None:
+        """The checkpoint's last ERS plan when this elastic run may start from its partition
+        on these devices (`layout.resumable_partition`), else None."""
         if not (saved and self.spec.elastic):
-            return
+            return None
         plan = plan_from_json(saved["plan"])
         if not layout.resumable_partition(plan.partition, self.cfg, self.job_memory,
                                           self.cfg.topology.devices):
+            return None
+        return plan
+
+    def resume_abstract_state(self, controller_meta: dict):
+        """The train state's abstract tree on the actor mesh a run resumed from a checkpoint
+        with this controller metadata starts on (`Checkpointer.restore` takes this)."""
+        plan = self._resumable_plan(controller_meta.get("elastic"))
+        partition = plan.partition if plan else self.initial_partition()
+        _, _, actor = self._roles(partition)
+        return self.runner.trainer_for(actor).abstract_state()
+
+    def resume_elastic(self, saved: dict | None) -> None:
+        """Let a resumed elastic run start from the checkpoint's ERS partition, with the plan
+        and move count ERS had there, when this topology admits it (not when resumed on
+        other devices); else it starts from the initial partition. The state must have been
+        restored onto that partition's actor mesh (`resume_abstract_state`)."""
+        plan = self._resumable_plan(saved)
+        self._resumed_elastic = (plan, int(saved["since_move"])) if plan else None
+        if plan:
+            log.info("resuming ERS at partition %s (last plan: %s)", plan.partition,
+                     plan.reason)
+        elif saved and self.spec.elastic:
             log.warning("the checkpoint's partition %s does not fit %d devices; resuming "
-                        "from the initial partition", plan.partition, self.cfg.topology.devices)
-            return
-        self._resumed_elastic = (plan, int(saved["since_move"]))
-        log.info("resuming ERS at partition %s (last plan: %s)", plan.partition, plan.reason)
+                        "from the initial partition", saved["plan"].get("partition"),
+                        self.cfg.topology.devices)
 
     def _sync_partition(self) -> tuple[int, int, int]:
         """What a sync step's record shows: every rank rolls out, then trains on the
@@ -598,10 +616,7 @@ class Controller:
         self.manager = manager
         self.version = start_step
         if state is not None:  # resuming: rollout serves the restored policy, not the warm start
-            _, ref, actor = self._roles(partition)
-            if resumed:  # restored onto the initial partition's actor mesh
-                await self._enter_collective("reshard")
-                state = await asyncio.to_thread(self.runner.place, state, actor, ref)
+            _, _, actor = self._roles(partition)  # restored onto this mesh already
             self.first_rollout_weights = await asyncio.to_thread(
                 self.runner.trainer_for(actor).rollout_copy, state.params)
         state = await self._apply_partition(partition, manager, state)

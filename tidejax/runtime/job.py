@@ -281,11 +281,8 @@ def run_job(cfg: RunConfig, run_dir: str, resume: bool = False, show_progress: b
                             decisions=decisions)
     state, start_step, rollout = None, 0, None
     if resume and ckpt.latest_step() is not None:
-        partition = controller.initial_partition()
-        _, _, actor = controller._roles(partition)
-        abstract = controller.runner.trainer_for(actor).abstract_state()
         try:
-            restored = ckpt.restore(abstract)
+            restored = ckpt.restore(controller.resume_abstract_state)
             state, start_step = restored.state, restored.step
             controller.data_cursor = int(restored.data_cursor or 0)
             rollout = restored.rollout
