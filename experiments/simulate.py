@@ -79,7 +79,10 @@ def table_e2e(args, cfg) -> None:
             f"   goodput = generated tokens consumed by the trainer per second; ideal bound "
             f"{ib.goodput:,.0f}, tighter bound {tb.goodput:,.0f} (binds: {tb.binding}; "
             + ", ".join(f"{k} {v:,.0f}s" for k, v in tb.walls.items())
-            + ")"
+            + ")\n"
+            f"   stream-order floor {block['stream_floor_s']:,.0f}s: a schedule admitting in "
+            f"stream order with the quota full reaches at most "
+            f"{tables.stream_ceiling(block):.2f} of the tighter bound"
         )
         rows = [
             [
@@ -140,6 +143,7 @@ def table_e2e(args, cfg) -> None:
                 "config": cfg,
                 "ideal": ib,
                 "bound": tb,
+                "stream_floor_s": block["stream_floor_s"],
                 "sweep_cost": c,
                 "rows": tables.e2e_rows(block),
                 "runs": [r.summary() for r in block["results"]],
@@ -151,7 +155,8 @@ def table_e2e(args, cfg) -> None:
         t = next(r for r in tables.e2e_rows(b) if r["system"] == "tidejax")
         print(
             f"{b['spec'].name}: tidejax x best fixed {t['x_best_fixed']:.2f}, "
-            f"of bound {t['of_bound']:.2f}"
+            f"of bound {t['of_bound']:.2f} (stream-order ceiling "
+            f"{tables.stream_ceiling(b):.2f})"
         )
     main = next((b for b in blocks if b["spec"].name == "text-qwen2.5-7b"), blocks[0])
     rows = tables.e2e_rows(main)
@@ -364,7 +369,8 @@ def table_robustness(args, cfg) -> None:
         f"{args.family_seed}, GPUs from {args.family_gpus}), {cfg.steps} steps each, staleness "
         f"bound {cfg.staleness_bound}, fixed splits swept {args.sweep_steps} steps\n"
         "   each system's goodput / the best fixed split's (best of the AReaL-like and "
-        "StreamRL-like sweeps, rerun in full)",
+        "StreamRL-like sweeps, rerun in full); ceiling: the most of the tighter bound a "
+        "stream-order schedule reaches (stream-order floor); x cap: that over the best fixed",
         flush=True,
     )
     rows, widths = [], None
@@ -375,13 +381,14 @@ def table_robustness(args, cfg) -> None:
         systems_ = list(row["over_best_fixed"])
         short = systems_
         if widths is None:
-            widths = [28, 6, 4, 14, 9] + [max(6, len(x)) for x in short] + [8, 8]
+            widths = [28, 6, 4, 14, 9] + [max(6, len(x)) for x in short] + [8, 8, 8, 8]
             print(_fmt_row(["member", "drift", "GPUs", "best fixed", "tok/s"] + short
-                           + ["of bound", "sim s"], widths))
+                           + ["of bound", "ceiling", "x cap", "sim s"], widths))
         cells = [m.spec.name, m.drift, m.n_gpus, row["best_fixed"]]
         cells += [f"{row['best_fixed_goodput']:,.0f}"]
         cells += [f"{row['over_best_fixed'][s]:.2f}" for s in systems_]
-        cells += [f"{row['tide_of_bound']:.2f}", f"{time.time() - t0:.0f}"]
+        cells += [f"{row['tide_of_bound']:.2f}", f"{row['stream_ceiling']:.2f}",
+                  f"{row['cap_over_best_fixed']:.2f}", f"{time.time() - t0:.0f}"]
         print(_fmt_row(cells, widths), flush=True)
     print("   worst / median of each system over the best fixed split:")
     for s in rows[0]["over_best_fixed"]:

@@ -163,11 +163,8 @@ def test_ideal_bound_is_positive_and_scales():
     assert one.goodput > 0 and math.isclose(two.wall_s, one.wall_s / 2)
 
 
-def test_tight_bound_by_hand():
-    """One group of 4 single-turn trajectories per step (prompt 1000, response 100), 2 steps
-    on 4 GPUs of Qwen2.5-7B on H100, staleness bound 0 (quota: 1 group in flight)."""
-    from tidejax.sim.ideal import tight
-
+def _hand_spec(batch_groups: int = 1) -> wl.WorkloadSpec:
+    """Groups of 4 single-turn trajectories (prompt 1000, response 100) on Qwen2.5-7B."""
     one = wl.TaskType(
         name="one",
         weight=1.0,
@@ -180,9 +177,23 @@ def test_tight_bound_by_hand():
         max_turns=1,
         context_cap=8192,
     )
-    spec = wl.WorkloadSpec(
-        "hand", "qwen2.5-7b", (one,), batch_groups=1, group_size=4, b_min_groups=1, eval_every=0
+    return wl.WorkloadSpec(
+        "hand",
+        "qwen2.5-7b",
+        (one,),
+        batch_groups=batch_groups,
+        group_size=4,
+        b_min_groups=1,
+        eval_every=0,
     )
+
+
+def test_tight_bound_by_hand():
+    """One group of 4 single-turn trajectories per step (prompt 1000, response 100), 2 steps
+    on 4 GPUs of Qwen2.5-7B on H100, staleness bound 0 (quota: 1 group in flight)."""
+    from tidejax.sim.ideal import tight
+
+    spec = _hand_spec()
     n_params, w_bytes, kv, layers, d = 7.62e9, 1.5231e10, 57344, 28, 3584
     a, b = w_bytes / (0.8 * 3.35e12), kv / (0.8 * 3.35e12)  # decode curve per iteration
     c, ovh, derate = 2 * n_params / (0.5 * 989e12), 5e-4, 0.7
@@ -207,3 +218,25 @@ def test_tight_bound_by_hand():
     assert bound.walls["quota"] == pytest.approx(quota, rel=1e-9)
     assert bound.wall_s == pytest.approx(max(work, partition, quota), rel=1e-6)
     assert bound.goodput == pytest.approx(800 / bound.wall_s)
+    # every group's latency is the quota's per-group term; 4 steps of one group each:
+    # bound 0 takes each group the step it was admitted in (4 latencies), bound 1 lets two
+    # weight-sync intervals share one (versions 0 and 2 start disjoint windows)
+    from tidejax.sim.ideal import stream_order_floor
+
+    latency = quota / 2
+    assert stream_order_floor(spec, 4, 0) == pytest.approx(4 * latency, rel=1e-9)
+    assert stream_order_floor(spec, 4, 1) == pytest.approx(2 * latency, rel=1e-9)
+
+
+def test_stream_order_floor_takes_each_versions_slowest_group(monkeypatch):
+    """Batch 2, bound 1, 5 steps: version 0 admits the first 4 groups, each later version the
+    next 2; windows of two intervals from versions 0, 2 or from 1, 3."""
+    from tidejax.sim import ideal
+
+    latencies = [1.0, 9.0, 2.0, 3.0, 7.0, 1.0, 4.0, 4.0, 5.0, 8.0]
+    work = ideal._Work({}, group_latencies=latencies)
+    monkeypatch.setattr(ideal, "_sum_work", lambda cost, spec, steps: work)
+    # slowest per version: 9 (groups 0-3), 7, 4, 8; windows 9 + 4 = 13 and 7 + 8 = 15
+    assert ideal.stream_order_floor(_hand_spec(batch_groups=2), 5, 1) == 15.0
+    # bound 0: each version admits 2 groups and every interval is its own window
+    assert ideal.stream_order_floor(_hand_spec(batch_groups=2), 5, 0) == 9 + 3 + 7 + 4 + 8

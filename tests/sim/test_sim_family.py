@@ -116,6 +116,7 @@ def test_robustness_rows_compare_every_system_with_the_best_fixed_full_run():
     assert best in ("areal", "streamrl")
     assert ratios[best] == 1.0 and max(ratios["areal"], ratios["streamrl"]) == 1.0
     assert all(r > 0 for r in ratios.values())
+    assert 0 < row["stream_ceiling"] <= 1 and row["cap_over_best_fixed"] > 0
 
 
 def _marked_run(system: str, paces: list[tuple[int, float]]):

@@ -9,7 +9,7 @@ from tidejax.sched import ers
 from tidejax.sim import systems, tables
 from tidejax.sim import workload as wl
 from tidejax.sim.config import SimConfig, SystemSpec
-from tidejax.sim.ideal import ideal, tight
+from tidejax.sim.ideal import ideal, stream_order_floor, tight
 
 SPEC = dataclasses.replace(
     wl.preset("text-7b"),
@@ -104,6 +104,13 @@ def test_bounds_hold_for_every_system(runs):
     assert close.goodput <= bound.goodput
     for name, r in runs.items():
         assert r.goodput <= close.goodput * 1.05, name
+    # every asynchronous system admits in stream order; on this workload the floor (twice
+    # the tighter bound's wall) is what they run into
+    floor = stream_order_floor(SPEC, CFG.steps, CFG.staleness_bound)
+    assert floor > close.wall_s
+    for name, r in runs.items():
+        if name != "sync":
+            assert r.wall_s >= floor, (name, r.wall_s, floor)
 
 
 def test_ctb_beats_request_level_under_kv_pressure():

@@ -18,6 +18,7 @@ from tidejax.sched.perf import HardwareSpec, ModelSpec, swap_time
 from tidejax.sim import systems, workload
 from tidejax.sim.config import SimConfig, SystemSpec
 from tidejax.sim.ideal import ideal as ideal_bound
+from tidejax.sim.ideal import stream_order_floor
 from tidejax.sim.ideal import tight as tight_bound
 from tidejax.sim.metrics import RunResult
 from tidejax.sim.workload import WorkloadSpec
@@ -74,8 +75,15 @@ def e2e(spec: WorkloadSpec, cfg: SimConfig, sweep_steps: int, n: int) -> dict:
         "swept": swept,
         "ideal": ideal_bound(spec, cfg.steps, cfg.n_gpus),
         "bound": tight_bound(spec, cfg.steps, cfg.n_gpus, cfg.staleness_bound),
+        "stream_floor_s": stream_order_floor(spec, cfg.steps, cfg.staleness_bound),
         "sweep_cost": sweep_cost(swept, cfg.n_gpus),
     }
+
+
+def stream_ceiling(block: dict) -> float:
+    """The most of the tighter bound a schedule admitting in stream order with the quota
+    full can reach (``ideal.stream_order_floor``)."""
+    return min(1.0, block["bound"].wall_s / block["stream_floor_s"])
 
 
 def sweep_cost(swept: dict[str, list[RunResult]], n_gpus: int) -> dict:
@@ -157,6 +165,10 @@ def robustness(members, cfg: SimConfig, sweep_steps: int, n: int) -> list[dict]:
                 },
                 "tide_of_bound": _tide(block["results"]).goodput / block["bound"].goodput,
                 "bound_binds": block["bound"].binding,
+                "stream_ceiling": stream_ceiling(block),
+                # what a stream-order schedule could reach over the best fixed split at most
+                "cap_over_best_fixed": block["bound"].goodput * stream_ceiling(block)
+                / fixed.goodput,
                 "sweep_gpu_h": block["sweep_cost"]["gpu_h"],
                 "runs": [r.summary() for r in block["results"]],
             }
