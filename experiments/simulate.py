@@ -499,6 +499,12 @@ def main(argv=None) -> None:
         help="the order the trainer takes finished groups in (see SimConfig.consume_order)",
     )
     p.add_argument(
+        "--unanchored-eval",
+        action="store_true",
+        help="what-if: an evaluation does not hold the next weight sync (see "
+        "SimConfig.anchored_eval; the runtime's evaluation is anchored)",
+    )
+    p.add_argument(
         "--switch-cost",
         choices=("hidden", "measured"),
         default="hidden",
@@ -536,6 +542,7 @@ def main(argv=None) -> None:
         n_gpus=args.gpus,
         staleness_bound=args.staleness,
         consume_order=args.consume_order,
+        anchored_eval=not args.unanchored_eval,
         switch=switch,
     )
     TABLES[args.table](args, cfg)

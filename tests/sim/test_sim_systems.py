@@ -214,3 +214,21 @@ def test_consume_orders_that_wait_drop_nothing_and_keep_the_bound():
 def test_an_unknown_consume_order_fails_at_start():
     with pytest.raises(ValueError, match="consume_order"):
         SimConfig(consume_order="fastest")
+
+
+@pytest.mark.parametrize("anchored", [True, False])
+def test_an_anchored_evaluation_holds_the_sync_and_an_unanchored_one_does_not(anchored):
+    """SPEC evaluates every 2 steps: anchored, some boundary's sync waits for the evaluation
+    to finish; unanchored, every sync follows its update at once."""
+    cl = systems.build(systems.tidejax(), SPEC, dataclasses.replace(CFG, anchored_eval=anchored))
+    delays = []
+    after_update = cl._after_update
+
+    def record(t):
+        delays.append(t - cl.step_marks[-1])
+        after_update(t)
+
+    cl._after_update = record
+    res = cl.run()
+    assert res.steps == CFG.steps and len(delays) == CFG.steps - 1
+    assert (max(delays) > 0) == anchored, delays

@@ -9,7 +9,8 @@ at the post-update boundary or at bubbles (:mod:`tidejax.sim.elastic`).
 Asynchronous systems: after each update the trainer broadcasts weights (``t_sync``); every
 rollout rank stalls for it and flushes its KV cache (new weights invalidate it); running
 sequences re-prefill their context. Evaluation tasks for version ``v`` start after the sync
-of ``v`` and must finish before the next sync (anchored weights). A group more than the
+of ``v`` and must finish before the next sync (anchored weights; ``SimConfig.anchored_eval``
+lets the sync go ahead instead). A group more than the
 staleness bound behind the trainer when the trainer takes it is dropped and counted, as the
 runtime's ``GlobalBuffer`` does (in-flight groups are not aborted early). The admission
 quota counts the weights rollout holds (:attr:`Cluster.quota`): while an evaluation delays
@@ -402,7 +403,7 @@ class Cluster(SyncPhases):
         if self.steps_done >= self.cfg.steps:
             self.finished, self.end_t = True, t
             return
-        if self.eval_left > 0:
+        if self.eval_left > 0 and self.cfg.anchored_eval:
             self.waiting_eval_since = t  # anchored evaluation must finish before the sync
             return
         self._after_update(t)

@@ -53,6 +53,11 @@ class SimConfig:
     # never waiting: slow groups are passed over until stale and dropped (the tables'
     # order up to 2026-12-06, which overstated async goodput about 25% on text-7b).
     consume_order: str = DEFAULT_CONSUME_ORDER
+    # True: an evaluation of version v holds the next weight sync until it finishes, as the
+    # runtime's boundary waits for it (Controller._wait_eval). False is a what-if: the sync
+    # goes ahead and the evaluation's tasks carry on (re-prefilled like any running
+    # sequence), as if evaluation kept its own copy of the weights (--unanchored-eval)
+    anchored_eval: bool = True
     tick_s: float = 0.2  # admission scheduling period, virtual seconds [A]
     bin_s: float = 10.0  # timeline resolution
     page_size: int = 256  # KV page, tokens [A] (engine-configurable; coarse keeps the sim fast)
