@@ -235,7 +235,7 @@ def test_stream_order_floor_takes_each_versions_slowest_group(monkeypatch):
 
     latencies = [1.0, 9.0, 2.0, 3.0, 7.0, 1.0, 4.0, 4.0, 5.0, 8.0]
     work = ideal._Work({}, group_latencies=latencies)
-    monkeypatch.setattr(ideal, "_sum_work", lambda cost, spec, steps: work)
+    monkeypatch.setattr(ideal, "_work", lambda spec, steps: work)
     # slowest per version: 9 (groups 0-3), 7, 4, 8; windows 9 + 4 = 13 and 7 + 8 = 15
     assert ideal.stream_order_floor(_hand_spec(batch_groups=2), 5, 1) == 15.0
     # bound 0: each version admits 2 groups and every interval is its own window

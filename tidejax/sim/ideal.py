@@ -37,6 +37,7 @@ and both report goodput as the runtime does, generated tokens consumed per secon
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,14 +156,21 @@ def _sum_work(cost: CostModel, spec: wl.WorkloadSpec, steps: int) -> _Work:
     return w
 
 
+@functools.lru_cache(maxsize=4)
+def _work(spec: wl.WorkloadSpec, steps: int) -> _Work:
+    """The stream's work, summed once per (spec, steps) for the ideal, the tighter bound and
+    the stream-order floor (a pass takes 10-30 s at 100 steps); callers only read it."""
+    return _sum_work(_cost(spec), spec, steps)
+
+
 def _cost(spec: wl.WorkloadSpec) -> CostModel:
     return CostModel(ModelSpec.preset(spec.model), HardwareSpec.h100())
 
 
 def ideal(spec: wl.WorkloadSpec, steps: int, n_gpus: int) -> IdealBound:
-    w = _sum_work(_cost(spec), spec, steps)
+    w = _work(spec, steps)
     wall = sum(w.gpu_s.values()) / n_gpus
-    return IdealBound(wall, w.generated / wall, w.trained / wall, w.gpu_s)
+    return IdealBound(wall, w.generated / wall, w.trained / wall, dict(w.gpu_s))
 
 
 def sync_floor(cost: CostModel) -> float:
@@ -217,7 +225,7 @@ def partition_wall(cost: CostModel, w: _Work, n_gpus: int, quota_groups: int) ->
 def tight(spec: wl.WorkloadSpec, steps: int, n_gpus: int, staleness_bound: int) -> IdealBound:
     """The tighter bound (see the module docstring)."""
     cost = _cost(spec)
-    w = _sum_work(cost, spec, steps)
+    w = _work(spec, steps)
     quota = staleness.max_outstanding(staleness_bound, spec.batch_groups)
     gpu = dict(w.gpu_s, decode=w.decode_derated_s)
     sync = steps * sync_floor(cost)
@@ -234,7 +242,7 @@ def tight(spec: wl.WorkloadSpec, steps: int, n_gpus: int, staleness_bound: int) 
 def stream_order_floor(spec: wl.WorkloadSpec, steps: int, staleness_bound: int) -> float:
     """Wall-time floor of a stream-order schedule with the quota full (module docstring);
     each group's latency is the tighter bound's (batch 1 decode, full-rate prefill)."""
-    latencies = _sum_work(_cost(spec), spec, steps).group_latencies
+    latencies = _work(spec, steps).group_latencies
     b, span = spec.batch_groups, staleness_bound + 1
     # version v admits groups [(v + span - 1) b, (v + span) b); version 0 everything before
     slowest = [max(latencies[: span * b])]
