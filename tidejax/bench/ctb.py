@@ -6,6 +6,13 @@ The same multi-turn WebShop workload (real paged engines, tiny model, env latenc
 runs twice: once with request-level scheduling (every turn's KV released to the engine's
 LRU cache) and once with CTB (tasks keep their KV pinned across env waits; admission,
 pause and resume by `tidejax.sched.ctb`). No trainer runs: this isolates rollout.
+
+A third run measures about what scheduling alone can reach on this workload:
+request-level scheduling again, on engines with KV pages for every token every task can
+hold, so nothing is evicted (its evicted pages are printed: 0). What it still prefills is
+new context (prompts, observations). Its hit rate and prefill over the baseline's are
+`no_evict_hit_ratio` and `no_evict_prefill_ratio`; CTB can pass them by a little, since a
+pinned task keeps its last partial page, which the LRU cache does not hold.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ configure_cpu_devices(8)
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
 
@@ -60,7 +68,9 @@ async def run_once(scheduler, engines, tokenizer, groups, group_size, seed, time
     return {"hit_rate": manager.hit_rate(), "prefill_tokens": prefill,
             "prefill_padding": 1 - prefill / padded if padded else 0.0,
             "gen_tok_s": generated / wall, "wall_s": wall, "generated": generated,
-            "pauses": manager.counters["pauses"], "rehomed": manager.counters["rehomed"]}
+            "pauses": manager.counters["pauses"], "rehomed": manager.counters["rehomed"],
+            "evicted_pages": sum(a.evicted_pages - b.evicted_pages
+                                 for a, b in zip(after, before))}
 
 
 def main(argv=None) -> None:
@@ -89,25 +99,38 @@ def main(argv=None) -> None:
     tokenizer = build_tokenizer(RunConfig(webshop=WebShopConfig()), tempfile.mkdtemp(), demos)
     config = models.presets["tiny"].replace(vocab_size=2048)
     params = models.init_params(config, jax.random.key(args.seed))
-    ec = EngineConfig(page_size=16, num_pages=args.num_pages, max_slots=8, max_pages_per_seq=96,
-                      prefill_buckets=buckets)
-    engines = [make_engine(config, params, [d], ec) for d in jax.devices()[:args.ranks]]
-    for engine in engines:  # every shape (buckets, tokens per call, sampling modes) up front
-        engine.warm_up()
-    # Warm-up: compile every shape before timing.
-    asyncio.run(run_once("request", engines, tokenizer, 2, 2, args.seed + 1, 0.01))
+    seq_pages = 96  # max_pages_per_seq: 1,536 tokens (run_once's max_seq_len) of 16
+    ec = EngineConfig(page_size=16, num_pages=args.num_pages, max_slots=8,
+                      max_pages_per_seq=seq_pages, prefill_buckets=buckets)
+    # the no-eviction reference: every task's longest context, all on one rank
+    roomy = dataclasses.replace(
+        ec, num_pages=max(args.num_pages, args.groups * args.group_size * seq_pages))
     results = {}
-    for scheduler in ("request", "ctb"):
+    for name, scheduler, engine_config in (("request", "request", ec), ("ctb", "ctb", ec),
+                                            ("no-evict", "request", roomy)):
+        if name != "ctb":  # new engines: compile every shape, then warm the loop up
+            engines = [make_engine(config, params, [d], engine_config)
+                       for d in jax.devices()[:args.ranks]]
+            for engine in engines:
+                engine.warm_up()
+            asyncio.run(run_once("request", engines, tokenizer, 2, 2, args.seed + 1, 0.01))
         r = asyncio.run(run_once(scheduler, engines, tokenizer, args.groups, args.group_size,
                                  args.seed, args.time_scale))
-        results[scheduler] = r
-        print(f"{scheduler:8s} hit_rate={r['hit_rate']:.3f} prefill_tokens={r['prefill_tokens']} "
+        results[name] = r
+        print(f"{name:8s} hit_rate={r['hit_rate']:.3f} prefill_tokens={r['prefill_tokens']} "
               f"gen_tok_s={r['gen_tok_s']:.1f} wall={r['wall_s']:.1f}s pauses={r['pauses']} "
-              f"rehomed={r['rehomed']} prefill_padding={r['prefill_padding']:.3f}", flush=True)
-    req, ctb = results["request"], results["ctb"]
-    print(f"ctb_hit_ratio={ctb['hit_rate'] / max(req['hit_rate'], 1e-9):.2f} "
-          f"prefill_ratio={ctb['prefill_tokens'] / max(req['prefill_tokens'], 1):.2f} "
-          f"gen_throughput_ratio={ctb['gen_tok_s'] / max(req['gen_tok_s'], 1e-9):.2f}")
+              f"rehomed={r['rehomed']} prefill_padding={r['prefill_padding']:.3f} "
+              f"evicted_pages={r['evicted_pages']}", flush=True)
+    req, ctb, ref = results["request"], results["ctb"], results["no-evict"]
+
+    def ratio(run, key, base=req):
+        return run[key] / max(base[key], 1e-9)
+
+    print(f"ctb_hit_ratio={ratio(ctb, 'hit_rate'):.2f} "
+          f"prefill_ratio={ratio(ctb, 'prefill_tokens'):.2f} "
+          f"gen_throughput_ratio={ratio(ctb, 'gen_tok_s'):.2f} "
+          f"no_evict_hit_ratio={ratio(ref, 'hit_rate'):.2f} "
+          f"no_evict_prefill_ratio={ratio(ref, 'prefill_tokens'):.2f}")
 
 
 if __name__ == "__main__":
