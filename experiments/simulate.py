@@ -505,12 +505,6 @@ def main(argv=None) -> None:
         "SimConfig.anchored_eval; the runtime's evaluation is anchored)",
     )
     p.add_argument(
-        "--eval-by-headroom",
-        action="store_true",
-        help="ablation: CTB places evaluation tasks by KV headroom and never moves them for "
-        "speed (see SimConfig.eval_by_decode_load)",
-    )
-    p.add_argument(
         "--switch-cost",
         choices=("hidden", "measured"),
         default="hidden",
@@ -549,7 +543,6 @@ def main(argv=None) -> None:
         staleness_bound=args.staleness,
         consume_order=args.consume_order,
         anchored_eval=not args.unanchored_eval,
-        eval_by_decode_load=not args.eval_by_headroom,
         switch=switch,
     )
     TABLES[args.table](args, cfg)

@@ -266,35 +266,3 @@ def test_ctb_footprint_counts_each_token_once():
     rec.episode.extend_context(list(range(50)))  # the observation
     rec.state = TaskState.READY
     assert CtbScheduler.footprint(rec, 24) == (270, 24)
-
-
-def test_ctb_snapshot_carries_decode_load_and_the_served_models_rehome_ratio(monkeypatch):
-    """Each rank's decode load is the context of its generating tasks; the re-home ratio
-    comes from the served model (0 for mock engines, which serve none)."""
-    from types import SimpleNamespace
-
-    from tidejax import models
-    from tidejax.runtime import scheduling
-    from tidejax.sched import perf
-
-    seen = []
-    decide = scheduling.ctb.decide
-
-    def watched(snap):
-        seen.append(snap)
-        return decide(snap)
-
-    monkeypatch.setattr(scheduling.ctb, "decide", watched)
-    manager = asyncio.run(run_groups("ctb", n_groups=4, ranks=2))[0]
-    room = manager.config.max_new_tokens  # a generating task holds its context plus this
-    assert seen and all(snap.rehome_ratio == 0.0 for snap in seen)
-    for snap in seen:
-        for r in snap.ranks:
-            generating = [t.tokens - room for t in snap.resident if t.rank == r.rank and t.active]
-            assert r.decode_tokens == sum(generating)
-    assert any(r.decode_tokens > 0 for snap in seen for r in snap.ranks)
-
-    served = SimpleNamespace(engine=SimpleNamespace(config=models.presets["qwen2.5-7b"]))
-    ratio = scheduling.CtbScheduler().rehome_ratio(SimpleNamespace(workers={0: served}))
-    calibrated = perf.rehome_ratio(perf.ModelSpec.qwen25_7b(), perf.HardwareSpec.h100())
-    assert abs(ratio / calibrated - 1) < 1e-3  # the HF shape against the calibration's 7B

@@ -11,8 +11,8 @@ from tidejax.sched.ctb import CtbConfig, CtbSnapshot, PendingGroup, RankState, T
 CFG = CtbConfig()
 
 
-def rank(rid, budget, used=0, open=True, groups=(), types=(), decode=0):
-    return RankState(rid, budget, used, open, tuple(types), frozenset(groups), decode)
+def rank(rid, budget, used=0, open=True, groups=(), types=()):
+    return RankState(rid, budget, used, open, tuple(types), frozenset(groups))
 
 
 def test_priority_hierarchy():
@@ -151,10 +151,7 @@ def snapshots(draw):
     groups = {}
     for t in resident:
         groups.setdefault(t.rank, set()).add(t.group_id)
-    ranks = tuple(
-        rank(i, budgets[i], used[i], opens[i], groups.get(i, ()), decode=draw(st.integers(0, 9000)))
-        for i in range(n_ranks)
-    )
+    ranks = tuple(rank(i, budgets[i], used[i], opens[i], groups.get(i, ())) for i in range(n_ranks))
     pending = []
     for g in range(draw(st.integers(0, 6))):
         started = draw(st.booleans())
@@ -180,34 +177,7 @@ def snapshots(draw):
         outstanding_groups=draw(st.integers(0, quota + 2)),
         quota_groups=quota,
         probe_default_tokens=draw(st.integers(1, 1500)),
-        rehome_ratio=draw(st.sampled_from([0.0, 0.5, 2.0])),
     )
-
-
-def test_an_evaluation_group_goes_to_the_least_decode_load_given_a_speed_model():
-    ranks = (rank(0, 8000, decode=4000), rank(1, 8000, used=3000, decode=500))
-    pending = (PendingGroup(5, 1, 600, is_eval=True),)
-    by_speed = ctb.decide(CtbSnapshot(ranks=ranks, pending=pending, rehome_ratio=1.0))
-    assert [(a.group_id, a.rank) for a in by_speed.admit] == [(5, 1)]
-    by_memory = ctb.decide(CtbSnapshot(ranks=ranks, pending=pending))  # no speed model
-    assert [(a.group_id, a.rank) for a in by_memory.admit] == [(5, 0)]  # most headroom
-
-
-def test_an_evaluation_task_moves_between_turns_when_the_lighter_load_pays():
-    # 1,000 tokens of context, 200 of growth, ratio 1,000: moving pays once the decode load
-    # it leaves behind is at least 1,000 * 1,000 / 200 = 5,000 tokens lighter
-    ranks = (rank(0, 9000, used=1000, decode=12_000), rank(1, 9000, decode=6_900))
-    ready = TaskState(1, 1, 0, 1000, need_tokens=200, is_eval=True)
-
-    def moves(task, ranks=ranks, ratio=1000.0):
-        return ctb.decide(CtbSnapshot(ranks=ranks, resident=(task,), rehome_ratio=ratio)).resume
-
-    assert moves(ready) == ((1, 1),)  # 5,100 lighter
-    assert moves(ready, (ranks[0], rank(1, 9000, decode=7_100))) == ()  # 4,900 lighter
-    assert moves(ready, ratio=0.0) == ()  # no speed model: it stays
-    assert moves(TaskState(1, 1, 0, 1000, need_tokens=200, is_eval=True, active=True)) == ()
-    assert moves(TaskState(1, 1, 0, 1000, need_tokens=200)) == ()  # training never moves
-    assert moves(ready, (ranks[0], rank(1, 1100))) == ()  # no room for 1,000 + 200 there
 
 
 def _after(snap, d):

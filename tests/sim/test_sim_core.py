@@ -240,15 +240,3 @@ def test_stream_order_floor_takes_each_versions_slowest_group(monkeypatch):
     assert ideal.stream_order_floor(_hand_spec(batch_groups=2), 5, 1) == 15.0
     # bound 0: each version admits 2 groups and every interval is its own window
     assert ideal.stream_order_floor(_hand_spec(batch_groups=2), 5, 0) == 9 + 3 + 7 + 4 + 8
-
-
-def test_rehome_ratio_by_hand():
-    """Recomputing one context token (prefill, compute-bound) against one token of decode
-    load (its K/V read per iteration): about 1,440 for Qwen2.5-7B on an H100."""
-    from tidejax.sched.perf import rehome_ratio
-
-    m, hw = ModelSpec.qwen25_7b(), HardwareSpec.h100()
-    prefill_per_token = (2 * m.params + 2 * m.n_layers * m.d_model) / (hw.prefill_mfu * hw.flops)
-    read_per_token = m.kv_bytes_per_token / (hw.decode_bw_eff * hw.hbm_bw)
-    assert rehome_ratio(m, hw) == pytest.approx(prefill_per_token / read_per_token, rel=1e-9)
-    assert 1400 < rehome_ratio(m, hw) < 1480

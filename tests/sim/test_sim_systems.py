@@ -232,25 +232,3 @@ def test_an_anchored_evaluation_holds_the_sync_and_an_unanchored_one_does_not(an
     res = cl.run()
     assert res.steps == CFG.steps and len(delays) == CFG.steps - 1
     assert (max(delays) > 0) == anchored, delays
-
-
-@pytest.mark.parametrize("by_load", [True, False])
-def test_evaluation_tasks_spread_and_move_by_decode_load_only_with_the_rule_on(by_load):
-    """CTB places an evaluation's tasks by decode load and moves them between turns when the
-    load they leave behind pays for the recompute; off, by headroom and never moved."""
-    spec = dataclasses.replace(SPEC, eval_tasks=24)
-    cfg = dataclasses.replace(CFG, eval_by_decode_load=by_load)
-    cl = systems.build(systems.tidejax(), spec, cfg)
-    eval_ranks = set()
-    new_task = cl.new_task
-
-    def record(g, r, t):
-        if g.is_eval:
-            eval_ranks.add(r.rid)
-        return new_task(g, r, t)
-
-    cl.new_task = record
-    res = cl.run()
-    assert res.steps == CFG.steps and cl.eval_left == 0
-    assert (cl.driver.eval_moves > 0) == by_load
-    assert len(eval_ranks) == (4 if by_load else 3)  # of the 5 ranks

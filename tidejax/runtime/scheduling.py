@@ -16,7 +16,7 @@ from typing import Protocol
 from tidejax.runtime.config import RolloutConfig
 from tidejax.runtime.records import GroupRecord, TaskRecord, TaskState
 from tidejax.runtime.rollout import RolloutWorker
-from tidejax.sched import ctb, memory, perf, request_level, staleness
+from tidejax.sched import ctb, request_level, staleness
 
 
 class AdmissionHost(Protocol):
@@ -43,20 +43,6 @@ def quota_groups(manager: AdmissionHost) -> int:
 
 class CtbScheduler:
     """Continuous Task Batching: task-level KV pinning, pause and resume."""
-
-    def __init__(self) -> None:
-        self._rehome_ratio: float | None = None  # from the served model, on first use
-
-    def rehome_ratio(self, manager: AdmissionHost) -> float:
-        """`sched.perf.rehome_ratio` of the served model on the H100 the runtime targets;
-        0 (memory-only placement) for a mock engine, which serves no model."""
-        if self._rehome_ratio is None:
-            model_config = next(iter(manager.workers.values())).engine.config
-            self._rehome_ratio = 0.0
-            if model_config is not None:
-                model = perf.ModelSpec.of_shape(memory.ModelShape.of(model_config))
-                self._rehome_ratio = perf.rehome_ratio(model, perf.HardwareSpec.h100())
-        return self._rehome_ratio
 
     def schedule(self, manager: AdmissionHost) -> None:
         snap = self.snapshot(manager)
@@ -132,9 +118,7 @@ class CtbScheduler:
                 rank=r, budget_tokens=self.rank_budget(manager, r),
                 used_tokens=sum(footprints[t.uid][0] for t in on), open=r not in manager.closing,
                 type_counts=tuple(sorted(types.items())),
-                groups=frozenset(t.group.uid for t in on),
-                decode_tokens=sum(len(t.episode) for t in on
-                                  if t.state == TaskState.GENERATING and t.episode is not None)))
+                groups=frozenset(t.group.uid for t in on)))
         resident, paused = [], []
         for t in live:
             tokens, need = footprints[t.uid]
@@ -157,8 +141,7 @@ class CtbScheduler:
             pending=tuple(pending), env_capacity=config.env_capacity,
             env_in_use=len(live), outstanding_groups=manager.outstanding_groups,
             quota_groups=quota_groups(manager),
-            probe_default_tokens=config.probe_default_tokens,
-            rehome_ratio=self.rehome_ratio(manager))
+            probe_default_tokens=config.probe_default_tokens)
 
 
 class RequestLevelScheduler:

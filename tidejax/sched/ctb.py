@@ -20,19 +20,6 @@ Each rollout rank is a token budget. :func:`decide` takes a :class:`CtbSnapshot`
 
 Budgets hold after the decisions: for every open rank, held + requested growth - paused +
 resumed + admitted <= budget.
-
-**Evaluation tasks by decode load** (our extension of the paper's ``I_eval`` ranking from
-memory to speed). An anchored evaluation holds the next weight sync until its last task
-ends, and a memory-bound decode iteration costs each sequence the K/V reads of every
-sequence batched beside it (:class:`tidejax.sched.perf.DecodeCurve`). So an evaluation
-group goes to the rank with the least decode load (``RankState.decode_tokens``) that has
-room, not the most headroom; and an evaluation task about to start a turn (resident, not
-generating, growth requested) moves to the least-loaded rank with room when the load it
-leaves behind pays for recomputing its context there:
-``(load here - load there) * growth >= CtbSnapshot.rehome_ratio * context``
-(:func:`tidejax.sched.perf.rehome_ratio`; 0, a host with no speed model, places and keeps
-evaluation tasks by memory alone). Training tasks never move for speed: their throughput,
-not their latency, is what counts.
 """
 
 from __future__ import annotations
@@ -73,13 +60,10 @@ class RankState:
     open: bool = True  # False while ERS closes it: nothing is placed here, residents leave
     type_counts: tuple[tuple[str, int], ...] = ()  # resident tasks per task type
     groups: frozenset[int] = frozenset()  # groups with a resident member
-    decode_tokens: int = 0  # context of the sequences generating here: its decode load
 
     def __post_init__(self) -> None:
-        if min(self.budget_tokens, self.used_tokens, self.decode_tokens) < 0:
-            raise ValueError(
-                f"RankState {self.rank}: budget_tokens/used_tokens/decode_tokens must be >= 0"
-            )
+        if self.budget_tokens < 0 or self.used_tokens < 0:
+            raise ValueError(f"RankState {self.rank}: budget_tokens/used_tokens must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +119,6 @@ class CtbSnapshot:
     outstanding_groups: int = 0  # training groups admitted and not yet consumed
     quota_groups: int = 1 << 30  # staleness.max_outstanding(bound, batch)
     probe_default_tokens: int = 1024  # charged for a probe (prompt + response cap)
-    rehome_ratio: float = 0.0  # decode load per growth token that pays one context token
     config: CtbConfig = field(default_factory=CtbConfig)
 
     def __post_init__(self) -> None:
@@ -153,8 +136,6 @@ class CtbSnapshot:
             raise ValueError("CtbSnapshot counters must be >= 0")
         if self.probe_default_tokens <= 0:
             raise ValueError("CtbSnapshot.probe_default_tokens must be positive")
-        if self.rehome_ratio < 0:
-            raise ValueError("CtbSnapshot.rehome_ratio must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,35 +180,8 @@ def decide(snap: CtbSnapshot) -> Decisions:
     pauses = [t.task_id for t in pushed_out]
     pauses += [t.task_id for t in leaving if t.task_id in unplaced_ids]
     waiting = pushed_out or unplaced  # resume before admit: nothing new while tasks wait
-    decode = {r.rank: r.decode_tokens for r in snap.ranks}
-    moved = {t for t, _ in resumes} | set(pauses)
-    resumes += _eval_moves(snap, ranks, load, decode, moved)
-    admits = () if waiting else _admits(snap, ranks, load, decode)
+    admits = () if waiting else _admits(snap, ranks, load)
     return Decisions(pause=tuple(pauses), resume=tuple(resumes), admit=admits)
-
-
-def _eval_moves(snap, ranks, load, decode, moved):
-    """Evaluation tasks about to start a turn, to a rank whose lighter decode load pays for
-    recomputing their context (module docstring)."""
-    if snap.rehome_ratio <= 0:
-        return []
-    out = []
-    for t in snap.resident:
-        if not t.is_eval or t.active or not t.need_tokens or t.task_id in moved:
-            continue
-        need = t.tokens + t.need_tokens
-        here = decode[t.rank]
-        fits = [r for r in snap.ranks if r.rank != t.rank and _fits(r, load, need)]
-        if not fits:
-            continue
-        there = min(fits, key=lambda r: (decode[r.rank], r.rank)).rank
-        if (here - decode[there]) * t.need_tokens < snap.rehome_ratio * t.tokens:
-            continue
-        load[t.rank] -= need
-        load[there] += need
-        decode[there] += t.tokens  # it generates there next
-        out.append((t.task_id, there))
-    return out
 
 
 def _pauses(snap, ranks, load):
@@ -296,7 +250,7 @@ def _room(snap, load: dict[int, int], each: int) -> int:
     return sum(max(0, r.budget_tokens - load[r.rank]) // each for r in snap.ranks if r.open)
 
 
-def _admits(snap, ranks, load, decode):
+def _admits(snap, ranks, load):
     env_free = snap.env_capacity - snap.env_in_use
     quota_left = snap.quota_groups - snap.outstanding_groups
     types: dict[int, dict[str, int]] | None = None  # built when a group is first placed
@@ -322,8 +276,7 @@ def _admits(snap, ranks, load, decode):
                     group_ranks.setdefault(gid, set()).add(r.rank)
         placed = 0
         while placed < count:
-            near = group_ranks.get(g.group_id, set())
-            target = _place(snap, ranks, load, decode, types, near, g, each)
+            target = _place(snap, ranks, load, types, group_ranks.get(g.group_id, set()), g, each)
             if target is None:
                 break
             probe = not g.started and placed == 0  # the first task measures the footprint
@@ -332,7 +285,6 @@ def _admits(snap, ranks, load, decode):
                 room = (ranks[target].budget_tokens - load[target]) // each
                 n = max(1, min(count - placed, room))
             load[target] += n * each
-            decode[target] += n * each if g.is_eval else 0
             tcount = types[target]
             tcount[g.task_type] = tcount.get(g.task_type, 0) + n
             group_ranks.setdefault(g.group_id, set()).add(target)
@@ -346,9 +298,7 @@ def _admits(snap, ranks, load, decode):
     return tuple(out)
 
 
-def _place(snap, ranks, load, decode, types, near, group, each):
-    """Training: prefix affinity, then headroom less the diversity penalty. Evaluation: the
-    least decode load (module docstring), then headroom."""
+def _place(snap, ranks, load, types, near, group, each):
     cfg = snap.config
     best, best_score = None, None
     for r in snap.ranks:
@@ -360,10 +310,7 @@ def _place(snap, ranks, load, decode, types, near, group, each):
         share = (counts.get(group.task_type, 0) + 1) / (total + 1)
         penalty = cfg.diversity_penalty if total and share > cfg.max_type_share else 0.0
         affinity = 1.0 if r.rank in near else 0.0  # siblings share the prompt's pages
-        if group.is_eval and snap.rehome_ratio > 0:
-            score = (affinity, -decode[r.rank], headroom - penalty, -r.rank)
-        else:
-            score = (affinity, headroom - penalty, -r.rank)
+        score = (affinity, headroom - penalty, -r.rank)
         if best_score is None or score > best_score:
             best, best_score = r.rank, score
     return best

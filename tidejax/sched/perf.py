@@ -65,18 +65,6 @@ class ModelSpec:
         )
 
     @classmethod
-    def of_shape(cls, shape) -> ModelSpec:
-        """From a :class:`tidejax.sched.memory.ModelShape` (a model the runtime serves)."""
-        return cls(
-            name="served",
-            params=shape.params,
-            weight_bytes=shape.params * shape.compute_bytes,
-            kv_bytes_per_token=shape.kv_bytes_per_token(),
-            n_layers=shape.layers,
-            d_model=shape.d_model,
-        )
-
-    @classmethod
     def preset(cls, name: str) -> ModelSpec:
         presets = {"qwen2.5-7b": cls.qwen25_7b, "qwen2.5-14b": cls.qwen25_14b}
         if name not in presets:
@@ -292,16 +280,6 @@ def prefill_coeffs(model: ModelSpec, hw: HardwareSpec, tp: int = 1) -> tuple[flo
     """``(lin, attn, rate)`` with :func:`prefill_time` ``= (lin*n + attn*n*(c + n/2)) / rate``
     for ``n > 0``, evaluated in the same order (so bit-identical) without the spec look-ups."""
     return 2 * model.params, 4 * model.n_layers * model.d_model, tp * hw.prefill_mfu * hw.flops
-
-
-def rehome_ratio(model: ModelSpec, hw: HardwareSpec) -> float:
-    """Decode load a task must leave behind, per token of its next turn, to pay for
-    recomputing one token of its context on another rank (:mod:`tidejax.sched.ctb`).
-
-    Decode load is the context a rank's iteration reads (``b`` seconds per token,
-    :class:`DecodeCurve`); recomputing costs :func:`prefill_time` per token. Both scale
-    alike with tensor parallelism, so the ratio holds on any degree."""
-    return prefill_time(model, hw, 1.0, 0.0) / DecodeCurve.of(model, hw).b
 
 
 # ---------------------------------------------------------------------------- trainer

@@ -9,7 +9,7 @@ its environment wait, request-level serving releases them (cached, LRU-evictable
 
 from __future__ import annotations
 
-from tidejax.sched import ctb, perf, request_level
+from tidejax.sched import ctb, request_level
 from tidejax.serving.page_pool import PoolFull
 from tidejax.sim.rollout import Rank, SimTask
 
@@ -49,10 +49,6 @@ class CtbDriver(_Driver):
         longest = max(t.prompt_tokens.p99 for t in cl.spec.types)
         self.probe_default = self.fp(int(longest) + 512)  # prompt + response cap
         self.pauses = 0
-        self.rehome_ratio = (
-            perf.rehome_ratio(cl.cost.model, cl.cost.hw) if cl.cfg.eval_by_decode_load else 0.0
-        )
-        self.eval_moves = 0
 
     # ----------------------------------------------------------- bookkeeping
     def _hold(self, task: SimTask, r: Rank, tokens: int) -> None:
@@ -81,11 +77,8 @@ class CtbDriver(_Driver):
         r.ctb_version += 1
 
     def _rank_state(self, r: Rank) -> ctb.RankState:
-        """The rank's snapshot, rebuilt only when its residents, usage or state changed.
-        Decode load (the running batch's context at its last change) only matters while
-        an evaluation runs (sched.ctb), so it is read only then."""
-        decode = int(r.S) if self.rehome_ratio and self.cl.eval_left else 0
-        key = (r.ctb_version, r.used, r.open, r.budget, decode)
+        """The rank's snapshot, rebuilt only when its residents, usage or state changed."""
+        key = (r.ctb_version, r.used, r.open, r.budget)
         cached = r.ctb_state
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -96,7 +89,6 @@ class CtbDriver(_Driver):
             r.open,
             tuple(sorted(r.type_counts.items())),
             frozenset(r.group_counts),
-            decode,
         )
         r.ctb_state = (key, state)
         return state
@@ -150,7 +142,6 @@ class CtbDriver(_Driver):
             outstanding_groups=cl.outstanding,
             quota_groups=cl.quota,
             probe_default_tokens=self.probe_default,
-            rehome_ratio=self.rehome_ratio,
             config=self.cfg,
         )
 
@@ -174,7 +165,7 @@ class CtbDriver(_Driver):
             self._pause(cl.tasks[tid], t)
         for tid, rid in d.resume:
             task = cl.tasks[tid]
-            if task.rank is not None:  # re-homed: off a closing rank, or for speed
+            if task.rank is not None:  # re-homed from a closing rank
                 old = task.rank
                 self._stop(task, old, t, evict=True)
                 self._unhold(task, old)
@@ -209,13 +200,6 @@ class CtbDriver(_Driver):
             return
         r = task.rank
         need = self.fp(task.ctx + task.resp_left) - task.footprint
-        if (
-            self.rehome_ratio
-            and task.group.is_eval
-            and r.used + need <= r.budget
-            and self._eval_move(task, t)
-        ):
-            return  # it starts this turn on a rank with less decode load
         if r.used + need > r.budget:
             self._overflow(r, t, task, need)
             if task.paused:
@@ -223,17 +207,6 @@ class CtbDriver(_Driver):
         r.used += need
         task.footprint += need
         self._start(task, r, t)
-
-    def _eval_move(self, task: SimTask, t: float) -> bool:
-        """CTB's decision for an evaluation task about to start a turn; True if it moved.
-        Its growth is the turn's response, unrounded, as the runtime requests its cap."""
-        before = task.rank
-        states = [self._task_state(task, task.resp_left)]
-        self.apply(ctb.decide(self._snapshot(self.cl.ranks.values(), states)), t)
-        if task.rank is before:
-            return False
-        self.eval_moves += 1
-        return True
 
     def on_wait(self, task: SimTask, r: Rank, t: float) -> None:
         r.pool.pin(task)

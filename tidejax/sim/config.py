@@ -58,9 +58,6 @@ class SimConfig:
     # goes ahead and the evaluation's tasks carry on (re-prefilled like any running
     # sequence), as if evaluation kept its own copy of the weights (--unanchored-eval)
     anchored_eval: bool = True
-    # CTB systems place evaluation tasks by decode load and move them between turns when
-    # that pays (sched.ctb); False is the ablation (--eval-by-headroom): by KV headroom only
-    eval_by_decode_load: bool = True
     tick_s: float = 0.2  # admission scheduling period, virtual seconds [A]
     bin_s: float = 10.0  # timeline resolution
     page_size: int = 256  # KV page, tokens [A] (engine-configurable; coarse keeps the sim fast)
